@@ -1,0 +1,120 @@
+"""Validated configuration records for the model, the KV cache and the scheduler."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device, hf_cfg: dict) -> torch.dtype:
+    """'auto' -> the checkpoint dtype on GPU, float32 on CPU unless the checkpoint is bf16 (CPU bf16 is fast)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; supported: float32, bfloat16, float16")
+        return dtype
+    if dtype in (None, "auto"):
+        name = hf_cfg.get("dtype") or hf_cfg.get("torch_dtype") or "float32"
+        resolved = DTYPES.get(str(name), torch.float32)
+        return resolved if device.type == "cuda" or resolved == torch.bfloat16 else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: auto, {', '.join(sorted(DTYPES))}")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available; use device='cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {str(device)!r}; supported: cpu, cuda, auto")
+    return dev
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(model_dir)!r} is not a Hugging Face model directory: config.json is missing")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ValueError(f"{path} has no 'model_type' field")
+    # multimodal wrappers keep the language model config nested
+    return {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg["model_type"]),
+            "_outer_model_type": cfg["model_type"]} if "text_config" in cfg else cfg
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    model: str
+    hf_config: dict
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    load_format: str = "safetensors"  # or "dummy": random weights in the real shapes
+    seed: int = 0
+
+    @classmethod
+    def from_dir(cls, model: str | Path, dtype=None, device=None, max_model_len: int | None = None,
+                 load_format: str = "safetensors", seed: int = 0) -> "ModelConfig":
+        if load_format not in ("safetensors", "dummy"):
+            raise ValueError(f"unsupported load_format {load_format!r}; supported: safetensors, dummy")
+        path = Path(model).expanduser()
+        hf = read_hf_config(path)
+        dev = resolve_device(device)
+        limit = hf.get("max_position_embeddings") or 4096
+        if max_model_len is not None and not 0 < max_model_len <= limit:
+            raise ValueError(f"max_model_len={max_model_len} must be in [1, {limit}] (max_position_embeddings)")
+        return cls(str(path), hf, parse_dtype(dtype, dev, hf), dev, max_model_len or limit, load_format, seed)
+
+    @property
+    def model_type(self) -> str:
+        return self.hf_config["model_type"]
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_gb: float | None = None  # None: from free memory (GPU) or a default (CPU)
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    num_blocks: int | None = None  # set by the runner once sized
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size={self.block_size}; allowed: 8, 16, 32, 64, 128")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ValueError(f"kv_cache_gb={self.kv_cache_gb} must be > 0")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    long_prefill_token_threshold: int = 0  # >0 caps one request's share of a step's budget
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs} must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

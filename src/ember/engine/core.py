@@ -1,0 +1,129 @@
+"""EngineCore: the step loop. schedule -> execute -> update -> detokenize, all on one thread."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import json
+import secrets
+from pathlib import Path
+
+from ember.config import CacheConfig, ModelConfig, SchedulerConfig
+from ember.engine.output_processor import OutputProcessor
+from ember.engine.outputs import RequestDelta
+from ember.engine.scheduler import Scheduler
+from ember.kv.block_pool import BlockPool
+from ember.kv.managers import KVCacheManager
+from ember.kv.prefix_hash import cache_namespace, file_fingerprint
+from ember.request import Request, RequestStatus
+from ember.sampling_params import SamplingParams
+from ember.worker.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from ember.tokenizer.tokenizer import Tokenizer
+
+
+def read_generation_config(model_dir: str) -> dict:
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _as_list(x) -> list[int]:
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class EngineCore:
+    def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig | None = None,
+                 sched_cfg: SchedulerConfig | None = None, tokenizer: Tokenizer | None = None,
+                 progress: bool = True) -> None:
+        self.model_cfg = model_cfg
+        self.cache_cfg = cache_cfg or CacheConfig()
+        self.sched_cfg = sched_cfg or SchedulerConfig(max_model_len=model_cfg.max_model_len)
+        self.sched_cfg.max_model_len = min(self.sched_cfg.max_model_len, model_cfg.max_model_len)
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(model_cfg, self.cache_cfg, progress)
+        self.generation_config = read_generation_config(model_cfg.model)
+        self.eos_token_ids = sorted(set(_as_list(self.generation_config.get("eos_token_id"))
+                                        + _as_list(tokenizer.eos_token_id if tokenizer else None)
+                                        + _as_list(model_cfg.hf_config.get("eos_token_id"))))
+        extra = f"dummy:{model_cfg.seed}" if model_cfg.load_format == "dummy" else ""
+        self.namespace = cache_namespace(file_fingerprint(model_cfg.model, extra), str(model_cfg.dtype))
+        pool = BlockPool(self.runner.num_blocks, self.cache_cfg.enable_prefix_caching)
+        self.kv = KVCacheManager(pool, self.cache_cfg.block_size, self.namespace)
+        self.scheduler = Scheduler(self.sched_cfg, self.kv)
+        self.outputs = OutputProcessor(tokenizer)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.sched_cfg.max_model_len
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The model's generation_config.json sampling defaults, as vLLM applies them."""
+        g = self.generation_config
+        keys = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                "repetition_penalty": "repetition_penalty"}
+        kwargs = {ours: g[theirs] for ours, theirs in keys.items() if g.get(theirs) is not None}
+        if g.get("do_sample") is False:
+            kwargs["temperature"] = 0.0
+        return SamplingParams(**kwargs)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        """Checks a request against the model; returns its resolved max_tokens."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.runner.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        params.validate_for_vocab(vocab)
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens but the context window is {self.max_model_len}; "
+                             "it must leave room for at least one generated token")
+        room = self.max_model_len - n
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens > room:
+            raise ValueError(f"max_tokens={max_tokens} plus the prompt's {n} tokens exceeds the context window "
+                             f"of {self.max_model_len}; at most {room} tokens can be generated")
+        if not self.kv.can_ever_fit(n + max_tokens):
+            raise ValueError(f"a request of {n + max_tokens} tokens can never fit the KV pool of "
+                             f"{(self.kv.pool.num_blocks - 1) * self.kv.block_size} tokens; lower max_tokens or "
+                             "give the cache more memory (--kv-cache-gb)")
+        return max_tokens
+
+    def add_request(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        max_tokens = self.validate(prompt_token_ids, params)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        request = Request(req_id, list(prompt_token_ids), params, seed, self.eos_token_ids, max_tokens)
+        self.scheduler.add_request(request)
+        self.outputs.add(request)
+
+    def abort(self, req_id: str) -> bool:
+        request = self.scheduler.finish(req_id, RequestStatus.FINISHED_ABORTED)
+        self.outputs.remove(req_id)
+        return request is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def step(self) -> list[RequestDelta]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        result = self.runner.execute(out)
+        for req_id, rows in result.prompt_logprobs.items():
+            if req_id in self.outputs.states:
+                self.outputs.add_prompt_logprobs(req_id, rows)
+        updated = self.scheduler.update(out, result.sampled)
+        deltas = []
+        for request in updated:
+            lp = result.logprobs.get(request.req_id)
+            stop = self.outputs.process(request, request.output_token_ids[-1], lp)
+            if stop is not None:
+                self.scheduler.finish(request.req_id, RequestStatus.FINISHED_STOPPED, stop)
+            deltas.append(self.outputs.delta(request, [lp] if lp is not None else []))
+            if request.is_finished:
+                self.outputs.remove(request.req_id)
+        return deltas

@@ -1,0 +1,57 @@
+"""Self-attention over the paged KV pool: fused qkv projection, optional per-head q/k norm, rotary, KV write."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember import ops
+from ember.layers.linear import Linear, MergedLinear
+from ember.layers.norm import RMSNorm
+from ember.layers.rotary import RotaryEmbedding
+from ember.worker.attn_metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rotary: RotaryEmbedding | None,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm_eps: float | None = None,
+        sliding_window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads={num_heads} must be a multiple of num_key_value_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size}, qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden_size, o_bias)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.rotary = rotary
+        self.sliding_window = sliding_window
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.softcap = softcap
+        self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary is not None:
+            q, k = self.rotary(positions, q, k)
+        assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
+        ops.write_kv(self.kv_cache, k, v, meta.slot_mapping)
+        out = ops.paged_attention(q, self.kv_cache, meta, self.scale, self.sliding_window, self.softcap)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))

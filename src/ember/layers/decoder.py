@@ -1,0 +1,174 @@
+"""A pre-norm decoder-only transformer (Llama family): the shared body of llama, mistral, qwen2 and qwen3.
+
+Model files map their HF config onto DecoderArgs; HF parameter names are kept so checkpoints load by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SlidingWindowSpec
+from ember.layers.activation import gated_act
+from ember.layers.attention import Attention
+from ember.layers.linear import Linear, MergedLinear, default_weight_loader
+from ember.layers.norm import RMSNorm
+from ember.layers.rotary import RopeParams, RotaryEmbedding
+from ember.worker.attn_metadata import AttentionMetadata
+
+
+@dataclass(slots=True)
+class DecoderArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeParams
+    hidden_act: str = "silu"
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    # per-layer sliding window (None = full attention)
+    sliding_windows: list[int | None] = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, cfg: dict, **overrides) -> "DecoderArgs":
+        """The Llama config keys, which every Llama-family config.json uses with the same meaning."""
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        max_pos = cfg.get("max_position_embeddings", 4096)
+        args = dict(
+            vocab_size=cfg["vocab_size"], hidden_size=hidden, intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads, max_position_embeddings=max_pos,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope=RopeParams.from_hf(cfg, max_pos),
+            hidden_act=cfg.get("hidden_act", "silu"), tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        )
+        args.update(overrides)
+        return cls(**args)
+
+
+def qwen_sliding_windows(cfg: dict) -> list[int | None]:
+    """Qwen2/Qwen3 per-layer windows: layer_types, else use_sliding_window + max_window_layers."""
+    num_layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if not window:
+        return [None] * num_layers
+    layer_types = cfg.get("layer_types")
+    if layer_types:
+        return [window if t == "sliding_attention" else None for t in layer_types]
+    max_window_layers = cfg.get("max_window_layers", num_layers)
+    return [window if i >= max_window_layers else None for i in range(num_layers)]
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, {0: intermediate, 1: intermediate}, bias)
+        self.down_proj = Linear(intermediate, hidden, bias)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gated_act(self.gate_up_proj(x), self.act))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: DecoderArgs, rotary: RotaryEmbedding, layer_idx: int) -> None:
+        super().__init__()
+        window = a.sliding_windows[layer_idx] if a.sliding_windows else None
+        self.self_attn = Attention(
+            a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, rotary,
+            qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm_eps=a.rms_norm_eps if a.qk_norm else None,
+            sliding_window=window,
+        )
+        self.mlp = GatedMLP(a.hidden_size, a.intermediate_size, a.hidden_act, a.mlp_bias)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, a: DecoderArgs) -> None:
+        super().__init__()
+        self.rotary = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope)
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(a, self.rotary, i) for i in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(positions, h, meta)
+        return self.norm(h)
+
+
+# HF checkpoint name -> (fused parameter name, shard id)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+class DecoderForCausalLM(nn.Module):
+    """Base for Llama-family models; subclasses provide `args_from_hf(config: dict) -> DecoderArgs`."""
+
+    def __init__(self, args: DecoderArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.model = DecoderModel(args)
+        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size)
+
+    @classmethod
+    def args_from_hf(cls, cfg: dict) -> DecoderArgs:
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        a = self.args
+        return [
+            FullAttentionSpec(a.num_key_value_heads, a.head_dim) if not w
+            else SlidingWindowSpec(a.num_key_value_heads, a.head_dim, w)
+            for w in (a.sliding_windows or [None] * a.num_hidden_layers)
+        ]
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copies HF-named tensors into (fused) parameters; returns the filled "param:shard" keys."""
+        params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            target, shard = name, None
+            for hf_part, (fused, shard_id) in PACKED_MODULES.items():
+                if f".{hf_part}." in name:
+                    target, shard = name.replace(f".{hf_part}.", f".{fused}."), shard_id
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} does not match any parameter of {type(self).__name__}")
+            module = modules[target.rsplit(".", 1)[0]]
+            loader = getattr(module, "weight_loader", default_weight_loader)
+            loader(params[target], tensor, shard, name=name)
+            loaded.add(f"{target}:{shard}")
+        return loaded

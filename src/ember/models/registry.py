@@ -1,0 +1,26 @@
+"""Architectures by HF `model_type`. Imports are lazy so one broken model file never blocks the others."""
+from __future__ import annotations
+
+import importlib
+
+_MODELS: dict[str, tuple[str, str]] = {
+    "llama": ("ember.models.llama", "LlamaForCausalLM"),
+    "mistral": ("ember.models.mistral", "MistralForCausalLM"),
+    "qwen2": ("ember.models.qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("ember.models.qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_MODELS)
+
+
+def register_model(model_type: str, module: str, class_name: str) -> None:
+    _MODELS[model_type] = (module, class_name)
+
+
+def get_model_class(model_type: str):
+    if model_type not in _MODELS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(supported_model_types())}")
+    module, name = _MODELS[model_type]
+    return getattr(importlib.import_module(module), name)

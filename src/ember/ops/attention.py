@@ -1,0 +1,99 @@
+"""Reference (torch) paged attention over a block pool; the CPU path and the oracle for GPU kernels.
+
+KV pool layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (k then v).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ember.worker.attn_metadata import AttentionMetadata
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    # k, v: [T, Hkv, D]; slots < 0 are padding and are skipped
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
+    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def _softcap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if not softcap else softcap * torch.tanh(scores / softcap)
+
+
+def _sdpa(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+    # q: [N, Hkv, Mq, D]  k, v: [N, Hkv, L, D]  mask: bool, broadcastable to [N, Hkv, Mq, L]
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = _softcap_scores(torch.matmul(q, k.transpose(-1, -2)).float() * scale, softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1).to(v.dtype), v)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    # cache [num_blocks, bs, Hkv, D], block_ids [..., nb] -> [..., nb*bs, Hkv, D]
+    g = cache[block_ids]
+    return g.flatten(-4, -3)
+
+
+def _decode(q, kv_cache, meta: AttentionMetadata, scale, window, softcap) -> torch.Tensor:
+    # One query per sequence: fold the query heads of a KV group into the "query length" axis (no KV repeat).
+    num_seqs, (hq, d) = meta.num_seqs, q.shape[1:]
+    block_size, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    num_blocks = -(-meta.max_seq_len // block_size)
+    blocks = meta.block_tables[:num_seqs, :num_blocks].long()
+    k = _gather(kv_cache[0], blocks).transpose(1, 2)  # [B, Hkv, L, D]
+    v = _gather(kv_cache[1], blocks).transpose(1, 2)
+    pos = torch.arange(k.shape[2], device=q.device)
+    seq_lens = meta.seq_lens[:num_seqs, None].long()
+    mask = pos[None, :] < seq_lens
+    if window:
+        mask &= pos[None, :] >= seq_lens - window
+    qg = q[:num_seqs].view(num_seqs, hkv, hq // hkv, d)
+    out = _sdpa(qg, k.to(q.dtype), v.to(q.dtype), mask[:, None, None, :], scale, softcap)
+    return out.reshape(num_seqs, hq, d)
+
+
+def _prefill_one(q, kv_cache, block_ids, seq_len, scale, window, softcap) -> torch.Tensor:
+    # q: [M, Hq, D] are the last M of seq_len tokens
+    m, hq, d = q.shape
+    hkv = kv_cache.shape[3]
+    k = _gather(kv_cache[0], block_ids)[:seq_len].to(q.dtype)  # [L, Hkv, D]
+    v = _gather(kv_cache[1], block_ids)[:seq_len].to(q.dtype)
+    q_pos = torch.arange(seq_len - m, seq_len, device=q.device)[:, None]
+    k_pos = torch.arange(seq_len, device=q.device)[None, :]
+    mask = k_pos <= q_pos
+    if window:
+        mask &= k_pos > q_pos - window
+    group = hq // hkv
+    # [Hkv, group*M, D] with the M queries of each head contiguous
+    qg = q.permute(1, 0, 2).reshape(hkv, group * m, d)
+    out = _sdpa(qg[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask.repeat(group, 1)[None, None], scale, softcap)
+    return out[0].view(hq, m, d).transpose(0, 1)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """q: [T, Hq, D] -> [T, Hq, D]; KV of this step must already be written into kv_cache."""
+    if meta.is_decode_only:
+        out = _decode(q, kv_cache, meta, scale, sliding_window, softcap)
+        if out.shape[0] < q.shape[0]:  # padded tokens produce zeros
+            out = torch.cat([out, q.new_zeros(q.shape[0] - out.shape[0], *q.shape[1:])])
+        return out
+    out = torch.empty_like(q)
+    block_size = kv_cache.shape[2]
+    starts = meta.query_start_loc_cpu
+    for i, seq_len in enumerate(meta.seq_lens_cpu):
+        s, e = starts[i], starts[i + 1]
+        if e == s:
+            continue
+        block_ids = meta.block_tables[i, : -(-seq_len // block_size)].long()
+        out[s:e] = _prefill_one(q[s:e], kv_cache, block_ids, seq_len, scale, sliding_window, softcap)
+    return out

@@ -1,0 +1,33 @@
+"""Attention metadata: the explicit description of one step's batch that every attention layer reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Tokens of all scheduled sequences are flattened into one [T] batch, sequence after sequence.
+
+    Sequence i owns query tokens query_start_loc[i]:query_start_loc[i+1]; after this step it holds
+    seq_lens[i] tokens of KV, the last (query_len) of them written by this step at slot_mapping.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64, flat index block_id * block_size + offset
+    query_start_loc: torch.Tensor  # [B+1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    max_query_len: int
+    max_seq_len: int
+    # host copies for the reference path (no device syncs needed to loop over sequences)
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

@@ -1,0 +1,164 @@
+"""The model runner owns every tensor: weights, the KV pool, step inputs. It turns a SchedulerOutput into
+sampled tokens and logprobs, and makes no scheduling decisions."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ember.config import CacheConfig, ModelConfig
+from ember.kv.spec import LayerCacheSpec, SharedKVSpec, kv_bytes_per_token
+from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
+from ember.sample.metadata import SamplingMetadata, SamplingRow
+from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
+from ember.weights.loader import load_model
+from ember.worker.attn_metadata import AttentionMetadata
+
+CPU_DEFAULT_KV_GB = 1.0
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprobs of one position: the chosen token first, then the top-k (ids, logprobs), and its rank."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # prompt logprobs of this chunk's positions, one entry per prompt token after the first
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_idx: torch.Tensor  # [S] rows of the hidden states to sample from
+    sample_seqs: list[ScheduledSeq]
+
+
+def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
+    ids, vals, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
+    return [TokenLogprobs(ids[i], vals[i], ranks[i]) for i in range(n)]
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, progress: bool = True) -> None:
+        self.model_cfg = model_cfg
+        self.cache_cfg = cache_cfg
+        self.device = model_cfg.device
+        self.dtype = model_cfg.dtype
+        self.block_size = cache_cfg.block_size
+        self.model = load_model(model_cfg, progress)
+        self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
+        self.num_blocks = cache_cfg.num_blocks or self._size_pool()
+        cache_cfg.num_blocks = self.num_blocks
+        self.kv_caches = self._allocate_kv()
+        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
+            layer.kv_cache = cache
+        self.sampler = Sampler()
+        self.vocab_size = self.model.args.vocab_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.cache_specs, self.dtype)
+
+    def _size_pool(self) -> int:
+        per_block = self.kv_bytes_per_token * self.block_size
+        if self.cache_cfg.kv_cache_gb is not None:
+            budget = self.cache_cfg.kv_cache_gb * 2**30
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            # leave room for activations and graphs of the largest step
+            budget = free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
+        else:
+            budget = CPU_DEFAULT_KV_GB * 2**30
+        return max(2, int(budget // per_block))
+
+    def _allocate_kv(self) -> list[torch.Tensor]:
+        caches: list[torch.Tensor] = []
+        for spec in self.cache_specs:
+            if isinstance(spec, SharedKVSpec):
+                caches.append(caches[spec.donor_layer])
+                continue
+            shape = (2, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+            caches.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+        return caches
+
+    def _prepare(self, out: SchedulerOutput) -> StepInputs:
+        input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
+        sample_idx, sample_seqs = [], []
+        bs = self.block_size
+        for seq in out.seqs:
+            n, start = len(seq.token_ids), seq.start_pos
+            input_ids += seq.token_ids
+            positions += range(start, start + n)
+            slots += [seq.block_ids[p // bs] * bs + p % bs for p in range(start, start + n)]
+            starts.append(starts[-1] + n)
+            seq_lens.append(start + n)
+            if seq.do_sample:
+                sample_idx.append(starts[-1] - 1)
+                sample_seqs.append(seq)
+        max_blocks = max(-(-s // bs) for s in seq_lens)
+        tables = [seq.block_ids[:max_blocks] + [0] * (max_blocks - len(seq.block_ids[:max_blocks])) for seq in out.seqs]
+        dev = self.device
+
+        def t(x, dtype):
+            return torch.tensor(x, dtype=dtype, device=dev)
+
+        meta = AttentionMetadata(
+            slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
+            block_tables=t(tables, torch.int32), max_query_len=max(len(s.token_ids) for s in out.seqs),
+            max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        )
+        return StepInputs(t(input_ids, torch.int64), t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        inputs = self._prepare(out)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        result = ModelRunnerOutput()
+        self._prompt_logprobs(out, hidden, inputs, result)
+        if inputs.sample_seqs:
+            logits = self.model.compute_logits(hidden[inputs.sample_idx]).float()
+            self._sample(logits, inputs.sample_seqs, result)
+        return result
+
+    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], result: ModelRunnerOutput) -> None:
+        rows = [
+            SamplingRow(s.params, s.seed, len(s.output_token_ids), s.prompt_token_ids, s.output_token_ids,
+                        (s.eos_token_ids if not s.params.ignore_eos else []) + s.params.stop_token_ids)
+            for s in seqs
+        ]
+        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device)
+        sampled = self.sampler(logits, meta)
+        token_ids = sampled.sampled_token_ids.tolist()
+        lp_rows = _rows(sampled.logprobs, len(seqs)) if sampled.logprobs is not None else None
+        for i, seq in enumerate(seqs):
+            result.sampled[seq.req_id] = token_ids[i]
+            if lp_rows is not None and seq.params.logprobs is not None:
+                row = lp_rows[i]
+                k = seq.params.logprobs + 1
+                result.logprobs[seq.req_id] = TokenLogprobs(row.token_ids[:k], row.logprobs[:k], row.rank)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs: StepInputs,
+                         result: ModelRunnerOutput) -> None:
+        start_row = 0
+        for seq in out.seqs:
+            n = len(seq.token_ids)
+            k = seq.params.prompt_logprobs
+            num_prompt = len(seq.prompt_token_ids)
+            # positions p in this chunk whose next token is a prompt token
+            last = min(seq.start_pos + n, num_prompt - 1)
+            if k is not None and seq.start_pos < last:
+                count = last - seq.start_pos
+                logits = self.model.compute_logits(hidden[start_row:start_row + count]).float()
+                targets = torch.tensor(seq.prompt_token_ids[seq.start_pos + 1:last + 1], device=self.device)
+                result.prompt_logprobs[seq.req_id] = _rows(compute_logprobs(logits, targets, k), count)
+            start_row += n
