@@ -1,0 +1,30 @@
+"""Arguments shared by the verbs that load a model."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="Hugging Face model directory (default: the built-in random-weight demo model)")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's)")
+    p.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size (default: from free memory)")
+    p.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"],
+                   help="dummy: random weights in the checkpoint's shapes, for benchmarks")
+
+
+def resolve_model(args: argparse.Namespace) -> str:
+    if args.model is not None:
+        return args.model
+    from ember.demo import DEMO_NOTICE, demo_model_dir
+    print(DEMO_NOTICE, file=sys.stderr)
+    return str(demo_model_dir())
+
+
+def build_llm(args: argparse.Namespace, **kw):
+    from ember.llm import LLM
+    return LLM(resolve_model(args), dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+               kv_cache_gb=args.kv_cache_gb, load_format=args.load_format, **kw)

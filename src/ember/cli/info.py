@@ -1,0 +1,53 @@
+"""`ember info`: a model's architecture, size, dtype, layer kinds and KV cost per token."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+from ember.cli.common import add_model_args, resolve_model
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="print a model's architecture summary")
+    add_model_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def model_summary(model_dir: str, dtype: str = "auto") -> dict:
+    """Built on the meta device: no weights are read, so it is instant for any size."""
+    import torch
+
+    from ember.config import ModelConfig
+    from ember.kv.spec import kv_bytes_per_token
+    from ember.models.registry import get_model_class
+
+    cfg = ModelConfig.from_dir(model_dir, dtype, "cpu")
+    cls = get_model_class(cfg.model_type)
+    with torch.device("meta"):
+        model = cls(cls.args_from_hf(cfg.hf_config))
+    specs = model.cache_specs()
+    kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
+    return {
+        "model": model_dir, "model_type": cfg.model_type, "architecture": cls.__name__,
+        "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(cfg.dtype).removeprefix("torch."),
+        "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
+        "vocab_size": cfg.hf_config.get("vocab_size"),
+        "kv_bytes_per_token": kv_bytes_per_token(specs, cfg.dtype),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    info = model_summary(resolve_model(args), args.dtype)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if key == "parameters":
+            value = f"{value:,} ({value / 1e9:.2f} B)"
+        elif key == "kv_bytes_per_token":
+            value = f"{value:,} B ({value / 1024:.1f} KiB per token)"
+        print(f"{key:<{width}}  {value}")
+    return 0
