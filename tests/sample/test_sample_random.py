@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ember.sample.random import exponential_noise, sample_from_probs, uniform_noise
+from ember.sample.random import exponential_noise, sample_from_probs, token_counters, uniform_noise
 
 PROBS = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02, 0.0])
 NUM_DRAWS = 20_000
@@ -35,6 +35,8 @@ def test_noise_matches_unsigned_reference() -> None:
     noise = uniform_noise(torch.tensor(seeds), torch.tensor(steps), 70)
     expected = [[_uniform_reference(s, t, v) for v in range(70)] for s, t in zip(seeds, steps)]
     assert noise.tolist() == expected
+    counters = token_counters(70, "cpu")
+    assert torch.equal(uniform_noise(torch.tensor(seeds), torch.tensor(steps), 70, counters), noise)
 
 
 def test_noise_pinned_values() -> None:
@@ -114,3 +116,13 @@ def test_noise_bits_identical_on_cuda() -> None:
     cpu = uniform_noise(seeds, steps, 151_936)
     cuda = uniform_noise(seeds.cuda(), steps.cuda(), 151_936).cpu()
     assert torch.equal(cpu.view(torch.int32), cuda.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_noise_matches_eager() -> None:
+    seeds = torch.arange(16, device="cuda") * 7919 - 123456789
+    steps = torch.arange(16, device="cuda")
+    counters = token_counters(32_000, "cuda")
+    compiled = torch.compile(uniform_noise, dynamic=False)(seeds, steps, 32_000, counters)
+    assert torch.equal(compiled, uniform_noise(seeds, steps, 32_000))

@@ -1,7 +1,7 @@
 """Batched, seeded, batch-independent token sampling."""
 
 from ember.sample.metadata import Penalties, SamplingMetadata, SamplingRow, TokenBias
-from ember.sample.random import exponential_noise, sample_from_probs, uniform_noise
+from ember.sample.random import exponential_noise, sample_from_probs, token_counters, uniform_noise
 from ember.sample.sampler import LogprobsTensors, Sampler, SamplerOutput, compute_logprobs
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "compute_logprobs",
     "exponential_noise",
     "sample_from_probs",
+    "token_counters",
     "uniform_noise",
 ]

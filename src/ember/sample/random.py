@@ -44,25 +44,43 @@ def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return _mix64(_mix64(seeds) ^ _mix64(steps + _GAMMA))
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def token_counters(vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """The per-token stream offsets (t + 1) * GAMMA, [V] int64.
+
+    Pass a precomputed one to `uniform_noise` under torch.compile: inductor folds
+    arange * GAMMA into int32 index maths and fails on the 64-bit constant.
+    """
+    return torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device) * _GAMMA
+
+
+def uniform_noise(
+    seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int, counters: torch.Tensor | None = None
+) -> torch.Tensor:
     """Uniform noise in the open interval (0, 1), a pure function of (seed, step, token index).
 
-    seeds, steps: [B] int64. Returns [B, vocab_size] float32 with 2^23 equally likely
-    values per element; the bits are identical on every device.
+    seeds, steps: [B] int64; counters: optional `token_counters(vocab_size)`. Returns
+    [B, vocab_size] float32 with 2^23 equally likely values per element; the bits are
+    identical on every device.
     """
     keys = row_keys(seeds, steps)  # [B]
-    counters = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=seeds.device) * _GAMMA
+    if counters is None:
+        counters = token_counters(vocab_size, seeds.device)
+    assert counters.shape == (vocab_size,)
     bits = _mix64(keys[:, None] + counters[None, :])  # [B, V]
     top_bits = _shift_right_logical(bits, 64 - _NUM_MANTISSA_BITS)  # [0, 2^23)
     return (top_bits.to(torch.float32) + 0.5) * (2.0**-_NUM_MANTISSA_BITS)
 
 
-def exponential_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def exponential_noise(
+    seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int, counters: torch.Tensor | None = None
+) -> torch.Tensor:
     """Exp(1) noise, -log(u). [B] int64 x2 -> [B, vocab_size] float32 in (0, ~16.6]."""
-    return uniform_noise(seeds, steps, vocab_size).log_().neg_()
+    return uniform_noise(seeds, steps, vocab_size, counters).log_().neg_()
 
 
-def sample_from_probs(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+def sample_from_probs(
+    probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, counters: torch.Tensor | None = None
+) -> torch.Tensor:
     """One exact draw per row from `probs` [B, V] via the exponential race. Returns [B] int64."""
-    noise = exponential_noise(seeds, steps, probs.shape[-1])  # [B, V]
+    noise = exponential_noise(seeds, steps, probs.shape[-1], counters)  # [B, V]
     return (probs / noise).argmax(dim=-1)
