@@ -126,3 +126,22 @@ def test_decode_rejects_out_of_range_token(bpe_dir: Path, load_ember) -> None:
     tok = load_ember(bpe_dir)
     with pytest.raises(ValueError, match="out of range"):
         tok.convert_ids_to_tokens([tok.vocab_size + 10])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"legacy": True}, {"legacy": False}, {"add_prefix_space": False},
+                                       {"tokenizer_class": "PreTrainedTokenizerFast"}])
+def test_legacy_llama_tokenizer_json_matches(overrides: dict, sp_dir: Path, tmp_path: Path, load_hf,
+                                             sample_texts: list[str]) -> None:
+    # Old llama-2 files prepend "▁" with a normalizer; transformers' LlamaTokenizer swaps in Metaspace.
+    state = json.loads((sp_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    state["pre_tokenizer"] = None
+    state["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    config = json.loads((sp_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, **overrides}), encoding="utf-8")
+    hf, tok = load_hf(tmp_path), Tokenizer.from_dir(tmp_path)
+    for text in [*sample_texts, "<s>[INST] hi [/INST] yo </s> next", " lead"]:
+        ids = hf(text)["input_ids"]
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids, skip_special_tokens=False) == hf.decode(ids, skip_special_tokens=False), text

@@ -8,6 +8,8 @@ What transformers 5 does on `AutoTokenizer.from_pretrained(dir)` with a tokenize
 - chat_template.jinja (+ additional_chat_templates/*.jinja) replace any template in tokenizer_config.json.
 - special_tokens_map.json is only read when tokenizer_config.json has no `added_tokens_decoder` (legacy path).
 - padding/truncation baked into tokenizer.json are switched off for plain `tokenizer(text)` calls.
+- `tokenizer_class: LlamaTokenizer` on a non-byte-level tokenizer.json gets LlamaTokenizer's rebuilt
+  Metaspace pipeline (other model-specific classes are assumed to match their tokenizer.json).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class TokenizerConfig:
     clean_up_tokenization_spaces: bool = False
     clean_up_bpe_anyway: bool = False
     split_special_tokens: bool = False
+    tokenizer_class: str | None = None  # e.g. "LlamaTokenizerFast"; some classes rebuild the pipeline
+    legacy: bool = False  # LlamaTokenizer: prepend "▁" after special tokens too
+    add_prefix_space: bool = True  # LlamaTokenizer: prepend "▁" to the text at all
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -69,9 +74,9 @@ def _named_special_tokens(config: dict[str, Any]) -> dict[str, AddedToken]:
             named[key] = token
     # Model-specific names (image_token, ...) are named special tokens too and reach the chat template.
     for key, value in config.items():
-        if key.endswith("_token") and key not in named and isinstance(value, (str, dict)):
-            if key not in _NAMED_SPECIAL_KEYS and (token := _to_added_token(value, key)) is not None:
-                named[key] = token
+        is_token = isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+        if key.endswith("_token") and key not in _NAMED_SPECIAL_KEYS and is_token:
+            named[key] = _to_added_token(value, key)
     extra = config.get("extra_special_tokens")
     if isinstance(extra, dict):
         for key, value in extra.items():
@@ -132,7 +137,33 @@ def load_tokenizer_config(model_dir: Path) -> TokenizerConfig:
             config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
         ),
         split_special_tokens=bool(config.get("split_special_tokens", False)),
+        tokenizer_class=config.get("tokenizer_class"),
+        legacy=bool(config.get("legacy", False)),
+        add_prefix_space=config.get("add_prefix_space") is not False,
     )
+
+
+def _apply_llama_pipeline(backend: tokenizers.Tokenizer, config: TokenizerConfig, is_byte_level: bool) -> None:
+    """Rebuild the pre-tokenizer/decoder as transformers 5's LlamaTokenizer does, when AutoTokenizer picks it.
+
+    Old llama-2 style tokenizer.json files prepend "▁" with a normalizer (so also after <s>, </s>, ...);
+    LlamaTokenizer replaces that with a Metaspace pre-tokenizer, which changes ids after special tokens.
+    Byte-level files declaring LlamaTokenizer (Llama 3) are loaded as plain TokenizersBackend instead.
+    """
+    if (config.tokenizer_class or "").removesuffix("Fast") != "LlamaTokenizer" or is_byte_level:
+        return
+    if not config.add_prefix_space:
+        prepend_scheme = "never"
+    else:
+        prepend_scheme = "always" if config.legacy else "first"
+    backend.normalizer = None
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme=prepend_scheme, split=False
+    )
+    steps = [tokenizers.decoders.Replace("▁", " "), tokenizers.decoders.ByteFallback(), tokenizers.decoders.Fuse()]
+    if config.add_prefix_space:
+        steps.append(tokenizers.decoders.Strip(content=" ", left=1))
+    backend.decoder = tokenizers.decoders.Sequence(steps)
 
 
 def _sync_added_tokens(backend: tokenizers.Tokenizer, config: TokenizerConfig) -> None:
@@ -193,11 +224,15 @@ class Tokenizer:
                 f"{tokenizer_json} not found: ember needs a `tokenizers` tokenizer.json in the model directory "
                 "(convert sentencepiece/tiktoken files with transformers' save_pretrained first)"
             )
+        serialized = tokenizer_json.read_text(encoding="utf-8")
         try:
-            backend = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+            backend = tokenizers.Tokenizer.from_str(serialized)
         except Exception as e:  # the Rust side raises a bare Exception on malformed files
             raise ValueError(f"{tokenizer_json} could not be parsed by the tokenizers library: {e}") from e
-        return cls(backend, load_tokenizer_config(model_dir))
+        config = load_tokenizer_config(model_dir)
+        # Same test transformers uses to route byte-level "LlamaTokenizer" repos to TokenizersBackend.
+        _apply_llama_pipeline(backend, config, is_byte_level='"ByteLevel"' in serialized)
+        return cls(backend, config)
 
     # ---- vocabulary -------------------------------------------------------------------------------------
 
