@@ -125,7 +125,8 @@ def test_message_objects_are_accepted(bpe_dir, load_ember) -> None:
             return {"role": "user", "content": "from pydantic", "name": None}
 
     tok = load_ember(bpe_dir)
-    dict_render = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "user", "content": "from pydantic"}])
+    as_dicts = [{"role": "user", "content": "hi"}, {"role": "user", "content": "from pydantic"}]
+    dict_render = tok.apply_chat_template(as_dicts)
     assert tok.apply_chat_template([Message("user", "hi"), PydanticLike()]) == dict_render
 
 

@@ -18,7 +18,8 @@ DEMO_VOCAB_SIZE = 4096
 
 # Qwen2/Qwen3's split regex: single digits, letters with one leading non-letter, punctuation runs, newlines.
 _PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # (content, special) in Qwen3's id order; special ones are skipped by decode(skip_special_tokens=True).
@@ -182,7 +183,8 @@ not(message.content.startswith('<tool_response>') and message.content.endswith('
             {%- set reasoning_content = message.reasoning_content %}
         {%- else %}
             {%- if '</think>' in content %}
-                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n')\
+.split('<think>')[-1].lstrip('\\n') %}
                 {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
             {%- endif %}
         {%- endif %}
