@@ -16,3 +16,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """name -> (model dir, transformers model) for the tiny configs of tests/parity/models.py, built once."""
+    from tests.parity.models import build_hf_model
+
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            d = tmp_path_factory.mktemp(name)
+            cache[name] = (d, build_hf_model(name, d))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory):
+    """The tiny demo model (Qwen3 shape, with the demo tokenizer), written to a temp dir."""
+    from ember.demo import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("demo"), "tiny")

@@ -1,0 +1,93 @@
+"""End-to-end engine behaviour on real (tiny) models: caching paths equal cold runs, stops, n, logprobs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember import LLM, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture(scope="module")
+def qwen3(hf_models):
+    return str(hf_models("qwen3")[0])
+
+
+def test_prefix_hit_equals_cold_run(qwen3):
+    shared = prompt(100, 1)
+    a, b = shared + prompt(7, 2), shared + prompt(9, 3)
+    cold = LLM(qwen3, dtype="float32", progress=False, enable_prefix_caching=False)
+    warm = LLM(qwen3, dtype="float32", progress=False)
+    first = warm.generate([a], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    second = warm.generate([b], GREEDY)[0]
+    assert second.num_cached_tokens == 96  # 6 full blocks of 16 from the shared prefix
+    assert second.outputs[0].token_ids == cold.generate([b], GREEDY)[0].outputs[0].token_ids
+    # an identical prompt hits everything but the last block, and still samples the same tokens
+    again = warm.generate([a], GREEDY)[0]
+    assert again.num_cached_tokens == 96 and again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_small_pool_eviction_and_preemption_keep_results(qwen3):
+    prompts = [prompt(40 + i, 10 + i) for i in range(6)]
+    ref = [o.outputs[0].token_ids for o in LLM(qwen3, dtype="float32", progress=False).generate(prompts, GREEDY)]
+    # 96 KV blocks-worth of bytes at most: forces preemption and cache eviction while 6 requests run
+    tiny = LLM(qwen3, dtype="float32", progress=False, kv_cache_gb=14 * 16 * 3 * 2 * 2 * 24 * 4 / 2**30)
+    assert tiny.engine.kv.pool.num_blocks == 14
+    got = [o.outputs[0].token_ids for o in tiny.generate(prompts, GREEDY)]
+    assert got == ref
+    assert tiny.engine.kv.pool.num_used_blocks == 0
+
+
+def test_request_that_can_never_fit_is_rejected(qwen3):
+    llm = LLM(qwen3, dtype="float32", progress=False, kv_cache_gb=4 * 16 * 3 * 2 * 2 * 24 * 4 / 2**30)
+    with pytest.raises(ValueError, match="can never fit the KV pool"):
+        llm.generate([prompt(40, 1)], SamplingParams(max_tokens=40))
+
+
+def test_stop_strings_token_ids_and_n(demo_dir):
+    llm = LLM(str(demo_dir), progress=False)
+    base = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0]
+    text = base.outputs[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    cut = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=30, temperature=0, stop=stop, ignore_eos=True))[0]
+    assert cut.outputs[0].text == text[: text.index(stop)]
+    assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == stop
+    kept = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=30, temperature=0, stop=stop,
+                                                                 include_stop_str_in_output=True, ignore_eos=True))[0]
+    assert kept.outputs[0].text == text[: text.index(stop) + len(stop)]
+    tok = base.outputs[0].token_ids[5]
+    by_id = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[tok],
+                                                                  ignore_eos=True))[0]
+    assert by_id.outputs[0].token_ids == base.outputs[0].token_ids[: base.outputs[0].token_ids.index(tok) + 1]
+    many = llm.generate(["Hello"], SamplingParams(n=3, max_tokens=8, seed=3, temperature=1.0))[0]
+    assert len(many.outputs) == 3 and len({tuple(o.token_ids) for o in many.outputs}) > 1
+
+
+def test_logprobs_are_consistent(demo_dir):
+    llm = LLM(str(demo_dir), progress=False)
+    out = llm.generate(["Hello world"], SamplingParams(max_tokens=6, temperature=0, logprobs=3, ignore_eos=True))[0]
+    comp = out.outputs[0]
+    assert len(comp.logprobs) == 6
+    for token, entry in zip(comp.token_ids, comp.logprobs):
+        values = list(entry.values())
+        assert next(iter(entry)) == token and entry[token].rank == 1  # greedy picks the top token
+        assert len(entry) == 3 and all(v.logprob <= 0 for v in values)
+
+
+def test_bad_requests_raise_and_leave_nothing_queued(demo_dir):
+    llm = LLM(str(demo_dir), progress=False, max_model_len=64)
+    with pytest.raises(ValueError, match="context window"):
+        llm.generate([list(range(10, 80))], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="max_tokens=60"):
+        llm.generate(["hi", list(range(10, 20))], SamplingParams(max_tokens=60))
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([[10**7]], SamplingParams())
+    assert not llm.engine.has_unfinished()
