@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ember.engine.outputs import CompletionOutput
 from ember.sampling_params import SamplingParams
-from ember.server.errors import ApiError, anthropic_error_body
+from ember.server.errors import ApiError, anthropic_error_body, parse_body
 from ember.server.generation import (ServerState, UsageCounter, engine_error, replace_params, stream_choices,
                                      until_disconnect, validate_prompts)
 from ember.server.protocol import AnthropicBlock, AnthropicUsage, MessagesRequest, MessagesResponse
@@ -69,7 +69,8 @@ def stop_reason(output: CompletionOutput, body: MessagesRequest) -> tuple[str, s
 
 
 @router.post("/v1/messages")
-async def create_message(body: MessagesRequest, request: Request) -> Response:
+async def create_message(request: Request) -> Response:
+    body = await parse_body(request, MessagesRequest)
     state = request.app.state.ember
     state.check_request(body.model)
     prompt_ids = encode_messages(state, body)

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
 
 # status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -88,6 +93,24 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if others:
         message += f" (and {len(others)} more invalid field{'s' if len(others) > 1 else ''})"
     return message, field
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The JSON body as `model`, whatever the Content-Type (curl -d sends form-encoded), or a 400."""
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError("the request body is empty; send a JSON object", 400)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(f"the request body is not valid JSON: {e}", 400) from None
+    if not isinstance(data, dict):
+        raise ApiError(f"the request body must be a JSON object, got a JSON {_JSON_TYPES[type(data)]}", 400)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        message, field = validation_message(list(e.errors()))
+        raise ApiError(message, 400, field) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -96,7 +96,15 @@ def validate_prompts(state: ServerState, prompts: list[list[int]], params: Sampl
             state.core.validate(ids, params)
         except ValueError as e:
             where = f"prompt {i}: " if len(prompts) > 1 else ""
-            raise ApiError(where + str(e), 400, "max_tokens" if "max_tokens" in str(e) else "prompt") from None
+            raise ApiError(where + str(e), 400, _param_of(str(e))) from None
+
+
+def _param_of(message: str) -> str:
+    """The request field an engine validation message is about."""
+    for name in ("logit_bias", "stop_token_ids"):
+        if message.startswith(name):
+            return name
+    return "max_tokens" if "max_tokens" in message else "prompt"
 
 
 @dataclass(slots=True)

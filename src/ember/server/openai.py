@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from ember.engine.outputs import CompletionOutput
 from ember.sampling_params import SamplingParams
 from ember.server import logprobs as lp
-from ember.server.errors import ApiError, sse_error
+from ember.server.errors import ApiError, parse_body, sse_error
 from ember.server.generation import (ServerState, UsageCounter, build_params, engine_error, stream_choices,
                                      until_disconnect, validate_prompts)
 from ember.server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -71,7 +71,8 @@ def chat_params(state: ServerState, body: ChatCompletionRequest) -> SamplingPara
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+async def create_chat_completion(request: Request) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
     state = get_state(request)
     state.check_request(body.model)
     prompt_ids = encode_chat(state, body)
@@ -164,7 +165,8 @@ def _decode(state: ServerState, ids: list[int]) -> str:
 
 
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
+async def create_completion(request: Request) -> Response:
+    body = await parse_body(request, CompletionRequest)
     state = get_state(request)
     state.check_request(body.model)
     if body.suffix:
