@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ember import ops
+
 _ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,
@@ -20,5 +22,7 @@ def get_activation(name: str):
 
 def gated_act(gate_up: torch.Tensor, act_name: str = "silu") -> torch.Tensor:
     """act(gate) * up for a fused [..., 2 * intermediate] projection."""
+    if act_name == "silu":
+        return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return get_activation(act_name)(gate) * up

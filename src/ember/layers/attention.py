@@ -43,15 +43,14 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary is not None:
-            q, k = self.rotary(positions, q, k)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
-        ops.write_kv(self.kv_cache, k, v, meta.slot_mapping)
+        has_norm, rotary = self.q_norm is not None, self.rotary
+        # q/k norm, rotary and the KV write are one op (one kernel on CUDA)
+        q = ops.prepare_qkv(
+            self.qkv_proj(x), positions, self.kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads,
+            self.q_norm.weight if has_norm else None, self.k_norm.weight if has_norm else None,
+            self.q_norm.eps if has_norm else 1e-6,
+            rotary.cos_sin(x.device) if rotary is not None else None, rotary.rot_dim if rotary is not None else 0,
+        )
         out = ops.paged_attention(q, self.kv_cache, meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

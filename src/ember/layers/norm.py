@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember import ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False) -> None:
@@ -13,10 +15,8 @@ class RMSNorm(nn.Module):
         # Gemma-style norms store (weight - 1) and scale by (1 + weight)
         self.unit_offset = unit_offset
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.unit_offset:
-            return (xf * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * xf.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); with a residual, (norm(x + residual), x + residual) in one fused op."""
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps, self.unit_offset)
+        return ops.add_rms_norm(x, residual, self.weight, self.eps, self.unit_offset)

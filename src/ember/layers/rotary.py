@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ember.ops.rotary import apply_rotary
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -125,18 +127,4 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, Hq, D], k: [T, Hk, D], positions: [T]
-        cos, sin = self.cos_sin(q.device)[positions].to(q.dtype).chunk(2, dim=-1)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return _apply(q, cos, sin, self.rot_dim), _apply(k, cos, sin, self.rot_dim)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int) -> torch.Tensor:
-    if rot_dim == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
-    rot, rest = x[..., :rot_dim], x[..., rot_dim:]
-    return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
+        return apply_rotary(positions, q, k, self.cos_sin(q.device), self.rot_dim)

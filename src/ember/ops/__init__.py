@@ -1,4 +1,43 @@
-"""Kernels behind one set of signatures: torch reference ops (CPU, oracle) and Triton kernels on CUDA."""
-from ember.ops.attention import paged_attention, write_kv
+"""Kernels behind one set of signatures: torch reference ops (the CPU path and the oracle for GPU kernels) and,
+on CUDA, the Triton kernels of ember.ops.triton with the same signatures. Each op is selected by the device of
+its first tensor argument; EMBER_TRITON=0 keeps the references on CUDA too (for A/B checks)."""
+from __future__ import annotations
 
-__all__ = ["paged_attention", "write_kv"]
+import importlib
+import os
+from typing import Callable
+
+from ember.ops import activation, attention, norm
+from ember.ops.rotary import apply_rotary
+
+USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
+
+
+def triton_enabled() -> bool:
+    return USE_TRITON
+
+
+def _select(name: str, reference: Callable) -> Callable:
+    gpu: Callable | None = None
+
+    def op(x, *args, **kwargs):
+        nonlocal gpu
+        if x.is_cuda and USE_TRITON:
+            if gpu is None:  # triton is imported on first CUDA use only: it is not a CPU dependency
+                gpu = getattr(importlib.import_module("ember.ops.triton"), name)
+            return gpu(x, *args, **kwargs)
+        return reference(x, *args, **kwargs)
+
+    op.__name__, op.__doc__ = name, reference.__doc__
+    return op
+
+
+write_kv = _select("write_kv", attention.write_kv)
+paged_attention = _select("paged_attention", attention.paged_attention)
+prepare_qkv = _select("prepare_qkv", attention.prepare_qkv)
+rms_norm = _select("rms_norm", norm.rms_norm)
+add_rms_norm = _select("add_rms_norm", norm.add_rms_norm)
+silu_and_mul = _select("silu_and_mul", activation.silu_and_mul)
+
+__all__ = ["add_rms_norm", "apply_rotary", "paged_attention", "prepare_qkv", "rms_norm", "silu_and_mul",
+           "triton_enabled", "write_kv"]

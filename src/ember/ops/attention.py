@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ember.ops.norm import rms_norm
+from ember.ops.rotary import apply_rotary
 from ember.worker.attn_metadata import AttentionMetadata
 
 
@@ -16,6 +18,34 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
     flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+
+def prepare_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    cos_sin: torch.Tensor | None = None,
+    rot_dim: int = 0,
+) -> torch.Tensor:
+    """The step between the qkv projection and attention: optional per-head RMSNorm of q and k, rotary on q and
+    k (when cos_sin is given), and the KV write into the pool. qkv: [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D]."""
+    num_tokens, head_dim = qkv.shape[0], kv_cache.shape[-1]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q = q.view(num_tokens, num_heads, head_dim)
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    v = v.view(num_tokens, num_kv_heads, head_dim)
+    if q_norm_weight is not None:
+        q, k = rms_norm(q, q_norm_weight, norm_eps), rms_norm(k, k_norm_weight, norm_eps)
+    if cos_sin is not None:
+        q, k = apply_rotary(positions, q, k, cos_sin, rot_dim)
+    write_kv(kv_cache, k, v, slot_mapping)
+    return q
 
 
 def _softcap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
