@@ -1,12 +1,55 @@
 """Runs an app with uvicorn on a background thread: for tests, benchmarks and notebooks."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
 import socket
 import threading
 import time
+from types import FrameType
+from typing import Iterator
 
 import uvicorn
 from fastapi import FastAPI
+
+from ember.engine.async_engine import AsyncEngine
+
+log = logging.getLogger("uvicorn.error")  # shown in uvicorn's format, next to its own shutdown lines
+
+
+class GracefulServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: stop accepting, let in-flight requests finish for `drain_timeout` s, abort the rest
+    (their streams end with finish_reason "abort"), and return from run() so the process can exit 0."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.drain_timeout = drain_timeout
+        self._drain: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain is None:
+            log.info("shutting down: in-flight requests get up to %.0fs to finish", self.drain_timeout)
+            # off the event loop: engine.shutdown blocks while the loop keeps streaming the last tokens
+            self._drain = threading.Thread(target=self.engine.shutdown, args=(self.drain_timeout,),
+                                           name="ember-drain", daemon=True)
+            self._drain.start()
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn's version re-raises the caught signal after shutdown (exit status 143 on SIGTERM)
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class ServerThread:
