@@ -1,0 +1,8 @@
+"""Triton kernels for CUDA with the signatures of the torch reference ops in ember.ops (selected there by device).
+They also run on CPU tensors under TRITON_INTERPRET=1, which is how the CPU test suite checks them."""
+from ember.ops.triton.activation import silu_and_mul
+from ember.ops.triton.attention import paged_attention
+from ember.ops.triton.norm import add_rms_norm, rms_norm
+from ember.ops.triton.qkv import prepare_qkv, write_kv
+
+__all__ = ["add_rms_norm", "paged_attention", "prepare_qkv", "rms_norm", "silu_and_mul", "write_kv"]

@@ -1,0 +1,282 @@
+"""Paged attention over the block pool [2, num_blocks, block_size, num_kv_heads, head_dim]: a decode kernel
+(one query per sequence) and a prefill kernel (any query lengths, cached context included). Online softmax as
+in FlashAttention (Dao et al., arXiv:2205.14135); decode splits each sequence's keys over a fixed number of
+programs (flash-decoding) and merges the partial results in a second kernel.
+
+Nothing here reads host-side lengths except the grid sizes (number of sequences, longest query), so a decode
+step can be captured in a CUDA graph: each program finds its sequence's length and blocks on the device.
+Same contract as ember.ops.attention.paged_attention.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ember.worker.attn_metadata import AttentionMetadata
+
+MAX_SPLITS = 16
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _scores(q, k, scale_log2, softcap, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    # q [M, D], k [N, D] -> scores [M, N] in log2 units
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if HAS_SOFTCAP:
+        s = s * (scale_log2 / 1.4426950408889634)
+        s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * 1.4426950408889634  # softcap * tanh(s / softcap)
+    else:
+        s = s * scale_log2
+    return s
+
+
+@triton.jit
+def _load_kv(k_ptr, v_ptr, table_ptr, pos, n_mask, d_mask, kv_head, offs_d,
+             stride_kb, stride_ks, stride_kh, BLOCK_SIZE: tl.constexpr):
+    blk = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    off = blk * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+    mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at zero
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    scale_log2, softcap, window, num_splits,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    first_tile = lo // BLOCK_N
+    num_tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
+    per_split = tl.cdiv(num_tiles, num_splits)
+    tile_begin = first_tile + split * per_split
+    tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_g
+    qo_mask = (offs_g < GROUP)[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=qo_mask, other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    table = table_ptr + seq * stride_bt
+    for tile in range(tile_begin, tile_end):
+        pos = tile * BLOCK_N + offs_n
+        n_mask = (pos < seq_len) & (pos >= lo)
+        k, v = _load_kv(k_ptr, v_ptr, table, pos, n_mask, d_mask, kv_head, offs_d,
+                        stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+        s = _scores(q, k.to(q.dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
+
+    if IS_SPLIT:  # partial results: [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
+        part = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS_PAD + split
+        g_mask = offs_g < GROUP
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS_PAD
+    offs_s = tl.arange(0, NUM_SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < num_splits
+    m = tl.load(part_ml_ptr + (part + offs_s) * 2, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_ml_ptr + (part + offs_s) * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))
+    acc = tl.load(part_acc_ptr + (part + offs_s)[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+@triton.jit
+def _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i, l_i, acc, offs_n, offs_d, d_mask,
+                  kv_head, scale_log2, softcap, stride_kb, stride_ks, stride_kh,
+                  BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    pos = start + offs_n
+    n_mask = pos < seq_len
+    if HAS_WINDOW:
+        n_mask &= pos >= lo
+    k, v = _load_kv(k_ptr, v_ptr, table, pos, n_mask, d_mask, kv_head, offs_d, stride_kb, stride_ks, stride_kh,
+                    BLOCK_SIZE)
+    s = _scores(q, k.to(q.dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
+    visible = n_mask[None, :]
+    if CAUSAL:
+        visible &= pos[None, :] <= q_pos[:, None]
+    if HAS_WINDOW:
+        visible &= pos[None, :] > q_pos[:, None] - window
+    s = tl.where(visible, s, float("-inf"))
+    return _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, query_start_ptr,
+    scale_log2, softcap, window,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if tile * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_q = seq_len - q_len + tile * BLOCK_M  # absolute position of the tile's first query
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_pos = seq_len - q_len + offs_m
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    kv_head = head // GROUP
+    table = table_ptr + seq * stride_bt
+    hi = tl.minimum(first_q + BLOCK_M, seq_len)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(first_q - window + 1, 0)
+    # keys before `diag` are visible to every query of the tile (up to the window); later ones need the causal mask
+    diag = tl.maximum((first_q // BLOCK_N) * BLOCK_N, (lo // BLOCK_N) * BLOCK_N)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for start in range((lo // BLOCK_N) * BLOCK_N, diag, BLOCK_N):
+        m_i, l_i, acc = _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i, l_i, acc,
+                                      offs_n, offs_d, d_mask, kv_head, scale_log2, softcap,
+                                      stride_kb, stride_ks, stride_kh, BLOCK_SIZE, False, HAS_WINDOW,
+                                      HAS_SOFTCAP, PRECISION)
+    for start in range(diag, hi, BLOCK_N):
+        m_i, l_i, acc = _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i, l_i, acc,
+                                      offs_n, offs_d, d_mask, kv_head, scale_log2, softcap,
+                                      stride_kb, stride_ks, stride_kh, BLOCK_SIZE, True, HAS_WINDOW,
+                                      HAS_SOFTCAP, PRECISION)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Splits per sequence so that the decode grid covers the GPU about twice; fixed for a given batch size, so
+    a captured graph keeps it."""
+    return max(1, min(MAX_SPLITS, 2 * _num_sms(device) // max(1, num_seqs * num_kv_heads)))
+
+
+def _common(q: torch.Tensor, kv_cache: torch.Tensor, scale: float, sliding_window: int | None,
+            softcap: float | None) -> tuple[dict, dict]:
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = kv_cache.shape[3]
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    args = dict(scale_log2=scale * LOG2E, softcap=float(softcap or 0.0), window=int(sliding_window or 0))
+    flags = dict(GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
+                 BLOCK_SIZE=kv_cache.shape[2], HAS_WINDOW=bool(sliding_window), HAS_SOFTCAP=bool(softcap),
+                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    return dict(k=k_cache, v=v_cache, **args), flags
+
+
+def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
+    num_seqs = meta.num_seqs
+    num_kv_heads = kv_cache.shape[3]
+    c, flags = _common(q, kv_cache, scale, sliding_window, softcap)
+    num_splits = decode_num_splits(num_seqs, num_kv_heads, q.device)
+    is_split = num_splits > 1
+    d_pad = flags["D_PAD"]
+    if is_split:
+        part_acc = torch.empty(num_seqs, q.shape[1], MAX_SPLITS, d_pad, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs, q.shape[1], MAX_SPLITS, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+    on_gpu = q.is_cuda
+    bt = meta.block_tables
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
+        c["scale_log2"], c["softcap"], c["window"], num_splits,
+        q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), BLOCK_N=64 if on_gpu else 16,
+        NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split, num_warps=4, num_stages=2, **flags,
+    )
+    if is_split:
+        _decode_merge_kernel[(num_seqs, q.shape[1])](
+            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
+        )
+
+
+def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
+    c, flags = _common(q, kv_cache, scale, sliding_window, softcap)
+    on_gpu = q.is_cuda
+    block_m, block_n = (128, 64) if on_gpu else (16, 16)
+    if on_gpu and flags["D_PAD"] > 128:
+        block_m, block_n = 64, 32
+    bt = meta.block_tables
+    grid = (triton.cdiv(meta.max_query_len, block_m), meta.num_seqs, q.shape[1])
+    _prefill_kernel[grid](
+        q, c["k"], c["v"], out, bt, meta.seq_lens, meta.query_start_loc,
+        c["scale_log2"], c["softcap"], c["window"],
+        q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
+        out.stride(0), out.stride(1),
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if on_gpu else 4, num_stages=3 if on_gpu else 1, **flags,
+    )
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """q: [T, Hq, D] (rows may be strided) -> [T, Hq, D]; KV of this step must already be in kv_cache."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if meta.is_decode_only:
+        if out.shape[0] > meta.num_seqs:  # padded tokens produce zeros, as in the reference
+            out[meta.num_seqs:].zero_()
+        _decode(q, kv_cache, meta, out, scale, sliding_window, softcap)
+    else:
+        _prefill(q, kv_cache, meta, out, scale, sliding_window, softcap)
+    return out

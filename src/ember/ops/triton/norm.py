@@ -1,0 +1,59 @@
+"""RMSNorm, optionally fused with the residual add before it: one kernel, one pass over each row.
+
+Rounding follows the torch reference (ember.ops.norm): the residual sum and the normalised value are rounded to
+the input dtype where torch rounds them, so the kernel and the reference agree to the last bit in most rows.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                     stride_x, stride_r, stride_o, stride_ro,
+                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        y = xf * rstd * (1.0 + w)
+    else:
+        y = (xf * rstd).to(dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * stride_o + offs, y.to(dtype), mask=mask)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+            unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    out = torch.empty_like(x2)
+    res2 = residual.reshape(-1, n) if residual is not None else x2
+    res_out = torch.empty_like(x2) if residual is not None else out
+    block = triton.next_power_of_2(n)
+    num_warps = 4 if block <= 2048 else 8
+    _rms_norm_kernel[(x2.shape[0],)](
+        x2, res2, weight, out, res_out, n, eps, x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0),
+        BLOCK=block, HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, num_warps=num_warps,
+    )
+    return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+    return _launch(x, None, weight, eps, unit_offset)[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    out, res = _launch(x, residual, weight, eps, unit_offset)
+    return out, res

@@ -1,0 +1,117 @@
+"""The step between the qkv projection and attention in one kernel per token: per-head RMSNorm of q and k,
+neox rotary on q and k, q written back in place, k and v written into the paged KV pool (slots < 0 skipped).
+
+Same contract as ember.ops.attention.prepare_qkv / write_kv. Rotary is computed in float32 from the float32
+cos/sin table (the reference rounds cos/sin to the model dtype first), so bf16 results differ by rounding only.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
+               HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, ROT_DIM: tl.constexpr,
+               HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr):
+    # [num_heads, HEAD_DIM] row-major at ptr -> float32 [H_PAD, D_PAD], normalised and rotated
+    dtype = ptr.dtype.element_ty
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
+    mask = (offs_h < num_heads)[:, None] & d_mask[None, :]
+    x = tl.load(ptr + offs_h[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
+        w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        x = ((x * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
+    if HAS_ROPE:
+        half: tl.constexpr = ROT_DIM // 2
+        rot = offs_d < ROT_DIM
+        # rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] for half <= i < rot_dim
+        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+        pmask = (offs_h < num_heads)[:, None] & rot[None, :]
+        xp = tl.load(ptr + offs_h[:, None] * HEAD_DIM + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            wp = tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32)
+            xp = ((xp * rstd[:, None]).to(dtype).to(tl.float32) * wp[None, :]).to(dtype).to(tl.float32)
+        cos = tl.load(cos_ptr + offs_d, mask=rot, other=1.0)
+        sin = tl.load(sin_ptr + offs_d, mask=rot, other=0.0)
+        sign = tl.where(offs_d < half, -1.0, 1.0)
+        x = tl.where(rot[None, :], x * cos[None, :] + sign[None, :] * xp * sin[None, :], x)
+    return x
+
+
+@triton.jit
+def _prepare_qkv_kernel(
+    qkv_ptr, positions_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr,
+    eps, stride_t, stride_slot, num_heads, num_kv_heads,
+    HEAD_DIM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    row = qkv_ptr + t * stride_t
+    k_row = row + num_heads * HEAD_DIM
+    v_row = k_row + num_kv_heads * HEAD_DIM
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
+    offs_hk = tl.arange(0, HKV_PAD)
+    kv_mask = (offs_hk < num_kv_heads)[:, None] & d_mask[None, :]
+    kv_offs = offs_hk[:, None] * HEAD_DIM + offs_d[None, :]
+    cos_ptr = cos_sin_ptr
+    if HAS_ROPE:
+        cos_ptr = cos_sin_ptr + tl.load(positions_ptr + t).to(tl.int64) * (2 * ROT_DIM)
+    if DO_QK:
+        q = _norm_rope(row, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_heads,
+                       HEAD_DIM, HQ_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+        k = _norm_rope(k_row, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_kv_heads,
+                       HEAD_DIM, HKV_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+        offs_hq = tl.arange(0, HQ_PAD)
+        q_mask = (offs_hq < num_heads)[:, None] & d_mask[None, :]
+        tl.store(row + offs_hq[:, None] * HEAD_DIM + offs_d[None, :], q.to(row.dtype.element_ty), mask=q_mask)
+    else:
+        k = tl.load(k_row + kv_offs, mask=kv_mask, other=0.0)
+    v = tl.load(v_row + kv_offs, mask=kv_mask, other=0.0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        cache_dtype = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + slot * stride_slot + kv_offs, k.to(cache_dtype), mask=kv_mask)
+        tl.store(v_cache_ptr + slot * stride_slot + kv_offs, v.to(cache_dtype), mask=kv_mask)
+
+
+def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_w, k_w, eps,
+            cos_sin, rot_dim, do_qk: bool) -> None:
+    num_tokens = qkv.shape[0]
+    head_dim = kv_cache.shape[-1]
+    assert kv_cache[0].is_contiguous() and qkv.stride(-1) == 1
+    has_norm, has_rope = q_w is not None, cos_sin is not None
+    dummy = qkv  # never read when the matching flag is off
+    if num_tokens == 0:
+        return
+    _prepare_qkv_kernel[(num_tokens,)](
+        qkv, positions if has_rope else dummy, slot_mapping, kv_cache[0], kv_cache[1],
+        q_w if has_norm else dummy, k_w if has_norm else dummy, cos_sin if has_rope else dummy,
+        eps, qkv.stride(0), kv_cache.stride(2), num_heads, num_kv_heads,
+        HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
+        D_PAD=triton.next_power_of_2(head_dim), ROT_DIM=rot_dim if has_rope else 0,
+        HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk, num_warps=4,
+    )
+
+
+def prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
+                k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+                cos_sin: torch.Tensor | None = None, rot_dim: int = 0) -> torch.Tensor:
+    head_dim = kv_cache.shape[-1]
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    _launch(qkv, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight,
+            norm_eps, cos_sin, rot_dim, do_qk=True)
+    # q was rewritten in place: a strided view of the qkv rows
+    return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    qkv = torch.cat([k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1)], dim=-1)
+    _launch(qkv, None, kv_cache, slot_mapping, 0, num_kv_heads, None, None, 0.0, None, 0, do_qk=False)

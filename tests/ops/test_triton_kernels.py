@@ -1,0 +1,151 @@
+"""Triton kernels (ember.ops.triton) against the torch reference ops (ember.ops.*).
+
+On a machine without CUDA they run on CPU tensors in float32 under TRITON_INTERPRET=1 (the interpreter's bf16
+matmul is not usable); with CUDA they run compiled, in float32 and bfloat16. Skipped when triton is absent."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
+pytest.importorskip("triton")
+
+from ember.ops import activation as ref_act  # noqa: E402
+from ember.ops import attention as ref_attn  # noqa: E402
+from ember.ops import norm as ref_norm  # noqa: E402
+from ember.ops import triton as tri  # noqa: E402
+from ember.worker.attn_metadata import AttentionMetadata  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32]
+BLOCK_SIZE = 16
+
+
+def tol(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype == torch.float32 else 2e-2
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    """Relative error in the 2-norm, the way bf16 kernels are judged."""
+    assert torch.isfinite(a).all()
+    err = (a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)
+    assert err.item() < tol(dtype), f"relative error {err.item():.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [64, 96, 1000])
+def test_rms_norm_and_fused_add(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(7, n, generator=g).to(DEVICE, dtype)
+    r = torch.randn(7, n, generator=g).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(DEVICE, dtype)
+    close(tri.rms_norm(x, w, 1e-6), ref_norm.rms_norm(x, w, 1e-6), dtype)
+    close(tri.rms_norm(x, w, 1e-6, unit_offset=True), ref_norm.rms_norm(x, w, 1e-6, unit_offset=True), dtype)
+    out, res = tri.add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_res = ref_norm.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(res, ref_res)
+    close(out, ref_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    x = torch.randn(5, 2 * 300, generator=torch.Generator().manual_seed(0)).to(DEVICE, dtype)
+    close(tri.silu_and_mul(x), ref_act.silu_and_mul(x), dtype)
+
+
+def _cos_sin(max_pos: int, rot_dim: int) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2).float() / rot_dim))
+    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    emb = torch.cat([freqs, freqs], -1)
+    return torch.cat([emb.cos(), emb.sin()], -1).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rot_dim,norm", [
+    (4, 2, 16, 16, True), (6, 2, 24, 24, True), (4, 1, 32, 16, False), (8, 8, 64, 64, False), (4, 2, 32, 0, True),
+])
+def test_prepare_qkv(dtype, heads, kv_heads, head_dim, rot_dim, norm):
+    g = torch.Generator().manual_seed(heads * 100 + head_dim)
+    num_tokens, num_blocks = 9, 6
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    positions = torch.randint(0, 200, (num_tokens,), generator=g).to(DEVICE)
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=g)[:num_tokens].to(DEVICE)
+    qw = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype) if norm else None
+    kw = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype) if norm else None
+    cos_sin = _cos_sin(256, rot_dim) if rot_dim else None
+    pools = [torch.full((2, num_blocks, BLOCK_SIZE, kv_heads, head_dim), 7.0, dtype=dtype, device=DEVICE)
+             for _ in range(2)]
+    args = (heads, kv_heads, qw, kw, 1e-6, cos_sin, rot_dim)
+    q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args)
+    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args)
+    close(q_tri, q_ref, dtype)
+    close(pools[1], pools[0], dtype)
+    assert torch.equal(pools[1] == 7.0, pools[0] == 7.0)  # exactly the same slots written
+
+
+def test_write_kv_skips_negative_slots():
+    pool = torch.zeros(2, 3, BLOCK_SIZE, 2, 16, device=DEVICE)
+    k, v = torch.ones(2, 2, 16, device=DEVICE), 2 * torch.ones(2, 2, 16, device=DEVICE)
+    tri.write_kv(pool, k, v, torch.tensor([17, -1], device=DEVICE))
+    flat = pool.view(2, -1, 2, 16)
+    assert (flat[0, 17] == 1).all() and (flat[1, 17] == 2).all()
+    assert flat.count_nonzero() == 2 * 2 * 16
+
+
+def _batch(query_lens: list[int], context_lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype,
+           seed: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A pool filled with random KV, sequences on shuffled blocks, and the metadata of one step."""
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
+    blocks_per_seq = [-(-s // BLOCK_SIZE) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 1
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    tables, slots = [], []
+    for n, s, q in zip(blocks_per_seq, seq_lens, query_lens):
+        own, ids = ids[:n], ids[n:]
+        tables.append(own + [0] * (max(blocks_per_seq) + 2 - n))
+        slots += [own[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(s - q, s)]
+    pool = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=g).to(DEVICE, dtype)
+    q = torch.randn(sum(query_lens), heads, head_dim, generator=g).to(DEVICE, dtype)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=DEVICE), query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=DEVICE), max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+    )
+    return q, pool, meta
+
+
+ATTN_CASES = [  # heads, kv_heads, head_dim, window, softcap
+    (4, 2, 16, None, None), (8, 1, 32, None, None), (6, 6, 24, None, None), (4, 2, 16, 24, None),
+    (4, 2, 16, None, 30.0),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
+@pytest.mark.parametrize("num_seqs", [1, 3, 9])
+def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seqs):
+    context = [1 + (37 * i + 5) % 90 for i in range(num_seqs)]
+    context[0] = 0  # a sequence whose only token is the query
+    q, pool, meta = _batch([1] * num_seqs, context, heads, kv_heads, head_dim, dtype, num_seqs + heads)
+    scale = head_dim ** -0.5
+    ref = ref_attn.paged_attention(q, pool, meta, scale, window, softcap)
+    close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
+def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, softcap):
+    # fresh prompts, chunks after cached context, and decodes mixed in one step
+    query_lens, context = [37, 1, 20, 5, 1], [0, 40, 33, 0, 3]
+    q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + head_dim)
+    scale = head_dim ** -0.5
+    ref = ref_attn.paged_attention(q, pool, meta, scale, window, softcap)
+    close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
