@@ -27,24 +27,28 @@ def stream_text(client: httpx.Client, path: str, body: dict) -> tuple[dict[int, 
     return texts, chunks
 
 
+def engine_gauges(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics").text
+    names = ("ember_num_requests_running", "ember_num_requests_waiting", "ember_kv_cache_blocks_used")
+    return {name: metric(text, name) for name in names}
+
+
 def wait_idle(url: str, timeout: float = 10.0) -> None:
-    """Waits until the engine holds no request and no KV block (read from /metrics)."""
+    """Waits until the engine holds no request and no referenced KV block (read from /metrics)."""
     deadline = time.monotonic() + timeout
-    while True:
-        gauges = metric_values(httpx.get(url + "/metrics").text)
-        keys = ("ember_num_requests_running", "ember_num_requests_waiting", "ember_kv_cache_blocks_used")
-        if all(gauges.get(k, 0.0) == 0.0 for k in keys):
-            return
-        assert time.monotonic() < deadline, f"engine still busy: { {k: gauges.get(k) for k in keys} }"
+    while any(engine_gauges(url).values()):
+        assert time.monotonic() < deadline, f"engine still busy: {engine_gauges(url)}"
         time.sleep(0.05)
 
 
-def metric_values(text: str) -> dict[str, float]:
-    """Unlabelled view of a Prometheus exposition: name -> value summed over label sets."""
-    values: dict[str, float] = {}
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus exposition, summed over the label sets that contain `labels`."""
+    total = 0.0
     for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name_labels, value = line.rsplit(" ", 1)
-            name = name_labels.split("{", 1)[0]
-            values[name] = values.get(name, 0.0) + float(value)
-    return values
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        sample, _, label_text = name_labels.partition("{")
+        if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(value)
+    return total
