@@ -2,10 +2,12 @@
 sampled tokens and logprobs, and makes no scheduling decisions."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 import torch
 
+from ember import ops
 from ember.config import CacheConfig, ModelConfig
 from ember.kv.spec import LayerCacheSpec, SharedKVSpec, kv_bytes_per_token
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -13,6 +15,7 @@ from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 from ember.weights.loader import load_model
 from ember.worker.attn_metadata import AttentionMetadata
+from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
 
@@ -43,6 +46,15 @@ class StepInputs:
     sample_seqs: list[ScheduledSeq]
 
 
+def _to_device(obj, device: torch.device):
+    """A (nested) dataclass of host tensors on `device`, through pinned memory and non-blocking copies."""
+    if isinstance(obj, torch.Tensor):
+        return obj if device.type != "cuda" else obj.pin_memory().to(device, non_blocking=True)
+    if is_dataclass(obj):
+        return replace(obj, **{f.name: _to_device(getattr(obj, f.name), device) for f in fields(obj)})
+    return obj
+
+
 def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
     ids, vals, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
     return [TokenLogprobs(ids[i], vals[i], ranks[i]) for i in range(n)]
@@ -64,6 +76,11 @@ class ModelRunner:
             layer.kv_cache = cache
         self.sampler = Sampler()
         self.vocab_size = self.model.args.vocab_size
+        self.graphs: CudaGraphRunner | None = None
+        if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
+            max_blocks = -(-model_cfg.max_model_len // self.block_size)
+            self.graphs = CudaGraphRunner(self.model, GRAPH_BATCH_SIZES[-1], max_blocks, self.block_size, self.device)
+            self.graphs.capture()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -110,7 +127,9 @@ class ModelRunner:
         dev = self.device
 
         def t(x, dtype):
-            return torch.tensor(x, dtype=dtype, device=dev)
+            if dev.type != "cuda":
+                return torch.tensor(x, dtype=dtype, device=dev)
+            return torch.tensor(x, dtype=dtype).pin_memory().to(dev, non_blocking=True)
 
         meta = AttentionMetadata(
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
@@ -121,6 +140,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.graphs is not None and self.graphs.can_run(out.seqs):
+            result = ModelRunnerOutput()
+            self._sample(self.graphs.run(out.seqs), out.seqs, result)
+            return result
         inputs = self._prepare(out)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         result = ModelRunnerOutput()
@@ -136,8 +159,9 @@ class ModelRunner:
                         (s.eos_token_ids if not s.params.ignore_eos else []) + s.params.stop_token_ids)
             for s in seqs
         ]
-        meta = SamplingMetadata.build(rows, logits.shape[-1], self.device)
-        sampled = self.sampler(logits, meta)
+        # built on the host and copied asynchronously: no sync while the forward may still run
+        meta = SamplingMetadata.build(rows, logits.shape[-1], "cpu")
+        sampled = self.sampler(logits, _to_device(meta, self.device))
         token_ids = sampled.sampled_token_ids.tolist()
         lp_rows = _rows(sampled.logprobs, len(seqs)) if sampled.logprobs is not None else None
         for i, seq in enumerate(seqs):
