@@ -215,3 +215,24 @@ def test_openai_client(served, reference):
     pieces = client.completions.create(model=MODEL_NAME, prompt="Fishermen pushed", max_tokens=10, temperature=0,
                                        stream=True)
     assert "".join(c.choices[0].text for c in pieces) == text
+
+
+def test_tools_and_chat_template_kwargs_reach_the_template(client, reference):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    history = [*CHAT,
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    body = {"messages": history, "tools": tools, "tool_choice": "auto", "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    ids = reference.get_tokenizer().encode_chat(history, tools=tools, enable_thinking=False)
+    expected = reference.generate(ids, greedy(8))[0].outputs[0].text
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    assert r.json()["choices"][0]["message"]["content"] == expected
+    plain = client.post("/v1/chat/completions", json={**body, "tools": None, "chat_template_kwargs": None}).json()
+    assert plain["usage"]["prompt_tokens"] < len(ids)

@@ -118,7 +118,8 @@ class UsageCounter:
 
     def add(self, index: int, delta: RequestDelta) -> None:
         self.num_completion_tokens += len(delta.new_token_ids)
-        if index % self.n == 0:  # siblings share the prompt: count its cache hit once
+        # siblings share the prompt: count its cache hit once; abort deltas carry no counts
+        if index % self.n == 0 and delta.num_prompt_tokens:
             self.cached[index // self.n] = delta.num_cached_tokens
 
     def usage(self) -> Usage:

@@ -116,7 +116,10 @@ async def _chat_events(state: ServerState, body: ChatCompletionRequest, req_id: 
                        usage: UsageCounter) -> AsyncIterator[str]:
     header = ChatCompletionChunk(id=req_id, model=state.model_name, system_fingerprint=state.fingerprint,
                                  choices=[])
-    chunk = lambda choice: header.model_copy(update={"choices": [choice]})  # noqa: E731
+
+    def chunk(choice: ChatStreamChoice) -> ChatCompletionChunk:
+        return header.model_copy(update={"choices": [choice]})
+
     for i in range(body.n):
         yield sse(chunk(ChatStreamChoice(index=i, delta={"role": "assistant", "content": ""})))
     async with aclosing(stream) as deltas:
