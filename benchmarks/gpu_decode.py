@@ -1,0 +1,304 @@
+"""ember on one GPU against the bandwidth roofline and transformers `generate`, in one process.
+
+Measures the device's copy bandwidth and bf16 matmul rate, then for each model shape (random weights, bf16):
+ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch 1/8/64/256 for prompt 128 and
+2048 with 256 output tokens; the device time of one captured decode step; an 8k-token prefill; and transformers
+`generate` (eager, its default attention) at batch 1 and 64, prompt 128. Prints a table, writes JSON.
+
+    python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-3-8b] [--out benchmarks/results/NAME]
+
+Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
+"w+kv" column adds the KV bytes a step must read at the mean context length.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+OUTPUT_LEN = 256
+HF_OUTPUT_LEN = 64  # transformers is slow; its tok/s is measured over fewer tokens
+
+
+def device_time_ms(fn, warmup: int = 3, iters: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """bytes read + written per second of a 4 GiB device-to-device copy."""
+    src = torch.randn(2**31 // 2, device="cuda", dtype=torch.bfloat16).view(torch.int16)
+    dst = torch.empty_like(src)
+    ms = device_time_ms(lambda: dst.copy_(src))
+    nbytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    return nbytes / ms * 1e3
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = device_time_ms(lambda: a @ b)
+    return 2 * n**3 / ms * 1e-9
+
+
+def make_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (batch, length), generator=g).tolist()
+
+
+class StepTimer:
+    """Wraps EngineCore.step: wall time of each step and whether the runner saw a decode-only batch."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.steps = engine, []
+        self._step, self._execute = engine.step, engine.runner.execute
+        engine.runner.execute = self._run
+        engine.step = self._timed_step
+
+    def _run(self, out):
+        self._kind = ("decode", len(out.seqs)) if all(len(s.token_ids) == 1 for s in out.seqs) else ("mixed", 0)
+        return self._execute(out)
+
+    def _timed_step(self):
+        start = time.perf_counter()
+        deltas = self._step()
+        self.steps.append((*self._kind, time.perf_counter() - start))
+        return deltas
+
+    def close(self) -> None:
+        self.engine.step, self.engine.runner.execute = self._step, self._execute
+
+
+def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
+    from ember import SamplingParams
+
+    params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
+    prompts = make_prompts(batch, prompt_len, vocab, seed=batch * 7 + prompt_len)
+    timer = StepTimer(llm.engine)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    total = time.perf_counter() - start
+    timer.close()
+    assert all(len(o.outputs[0].token_ids) == OUTPUT_LEN for o in outs)
+    full = [(n, t) for kind, n, t in timer.steps if kind == "decode" and n == batch]
+    decode_tok_s = sum(n for n, _ in full) / sum(t for _, t in full) if full else float("nan")
+    return dict(e2e_tok_s=batch * OUTPUT_LEN / total, decode_tok_s=decode_tok_s, total_s=total,
+                num_decode_steps=len(full), step_ms_median=1e3 * statistics.median(t for _, t in full) if full else None)
+
+
+def graph_step_ms(llm, batch: int) -> float | None:
+    """Device time of one captured decode step (forward + logits) at this batch size, inputs as left."""
+    graphs = llm.engine.runner.graphs
+    if graphs is None or batch not in graphs.graphs:
+        return None
+    return device_time_ms(graphs.graphs[batch].replay, warmup=3, iters=20)
+
+
+def profile_graph_step(llm, batch: int, log) -> None:
+    """Per-kernel device time of one captured decode step (CUPTI sees the kernels inside graph replays)."""
+    graphs = llm.engine.runner.graphs
+    if graphs is None or batch not in graphs.graphs:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graphs.graphs[batch].replay()
+        torch.cuda.synchronize()
+    log(f"profile of 5 replays, batch {batch}:\n"
+        + prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+
+
+def bench_prefill(llm, prompt_len: int, vocab: int) -> dict:
+    from ember import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    llm.generate(make_prompts(1, prompt_len, vocab, seed=1), params)  # warm-up: kernel compiles at this shape
+    times = []
+    for i in range(3):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(make_prompts(1, prompt_len, vocab, seed=2 + i), params)
+        times.append(time.perf_counter() - start)
+    t = statistics.median(times)
+    return dict(prefill_tokens=prompt_len, prefill_s=t, prefill_tok_s=prompt_len / t)
+
+
+def prefill_flops(cfg: dict, num_params_body: int, n: int) -> float:
+    """Matmul FLOPs of the body for n tokens + causal attention + one row of logits."""
+    attn = 2 * n * n * cfg["num_attention_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"]  # QK^T + PV, causal
+    return 2 * num_params_body * n + attn + 2 * cfg["hidden_size"] * cfg["vocab_size"]
+
+
+def model_sizes(model) -> tuple[int, int]:
+    """(bytes of all weights, parameters outside embedding / lm_head)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    body = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name)
+    return total, body
+
+
+def bench_transformers(model_dir: str, batch: int, prompt_len: int, vocab: int) -> float:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.tensor(make_prompts(batch, prompt_len, vocab, seed=3), device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    model.generate(ids[:, :16], max_new_tokens=4, **kw)  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = model.generate(ids, min_new_tokens=HF_OUTPUT_LEN, max_new_tokens=HF_OUTPUT_LEN, **kw)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] == prompt_len + HF_OUTPUT_LEN
+    del model
+    return batch * HF_OUTPUT_LEN / elapsed
+
+
+def free_memory() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
+    from ember import LLM
+    from ember.demo import SHAPES, make_demo_model
+
+    cfg = SHAPES[shape]
+    vocab = cfg["vocab_size"]
+    model_dir = str(make_demo_model(tempfile.mkdtemp(prefix=f"ember-{shape}-"), shape, with_weights=False))
+    max_model_len = min(cfg["max_position_embeddings"], args.prefill_len + 256)
+    prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    kv_gb = 1.1 * max(batches) * (max(prompt_lens) + OUTPUT_LEN) * kv_per_token / 2**30
+    t0 = time.perf_counter()
+    llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,
+              max_num_seqs=max(batches), max_num_batched_tokens=max(8192, args.prefill_len),
+              enable_prefix_caching=False, progress=False)
+    log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s")
+    weight_bytes, body_params = model_sizes(llm.engine.runner.model)
+    rows = []
+    for prompt_len in prompt_lens:
+        for batch in batches:
+            r = dict(shape=shape, engine="ember", batch=batch, prompt_len=prompt_len, output_len=OUTPUT_LEN)
+            try:
+                r.update(bench_ember_decode(llm, batch, prompt_len, vocab))
+                r["graph_step_ms"] = graph_step_ms(llm, batch)
+            except Exception as e:  # keep measuring the rest; the error is reported in the table
+                r["error"] = repr(e)
+            kv_bytes = batch * (prompt_len + OUTPUT_LEN / 2) * kv_per_token
+            r["roofline_tok_s"] = batch * ceil["bandwidth"] / weight_bytes
+            r["roofline_wkv_tok_s"] = batch * ceil["bandwidth"] / (weight_bytes + kv_bytes)
+            rows.append(r)
+            log(json.dumps(r))
+    if args.profile:
+        for batch in (1, max(batches)):
+            profile_graph_step(llm, batch, log)
+    try:
+        p = bench_prefill(llm, min(args.prefill_len, max_model_len - 1), vocab)
+        flops = prefill_flops(cfg, body_params, p["prefill_tokens"])
+        p.update(shape=shape, engine="ember", kind="prefill", tflops=flops / p["prefill_s"] * 1e-12)
+        p["pct_matmul_peak"] = 100 * p["tflops"] / ceil["matmul_tflops"]
+        rows.append(p)
+        log(json.dumps(p))
+    except Exception as e:
+        rows.append(dict(shape=shape, engine="ember", kind="prefill", error=repr(e)))
+    del llm
+    free_memory()
+    if not args.skip_hf:
+        for batch in (1, 64):
+            r = dict(shape=shape, engine="transformers", batch=batch, prompt_len=128, output_len=HF_OUTPUT_LEN)
+            try:
+                r["e2e_tok_s"] = bench_transformers(model_dir, batch, 128, vocab)
+            except Exception as e:
+                r["error"] = repr(e)
+            free_memory()
+            rows.append(r)
+            log(json.dumps(r))
+    for r in rows:
+        r["weight_gb"] = weight_bytes / 1e9
+    return rows
+
+
+def table(rows: list[dict], ceil: dict) -> str:
+    hf = {(r["shape"], r["batch"]): r.get("e2e_tok_s") for r in rows if r.get("engine") == "transformers"}
+    lines = [f"device: {ceil['device']}  copy bandwidth {ceil['bandwidth'] / 1e12:.2f} TB/s  "
+             f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s",
+             f"{'shape':<11} {'batch':>5} {'prompt':>6} {'e2e tok/s':>10} {'decode tok/s':>12} {'step ms':>8} "
+             f"{'graph ms':>8} {'%roof(w)':>8} {'%roof(w+kv)':>11} {'x HF':>6}"]
+    for r in rows:
+        if r.get("kind") == "prefill":
+            if "error" in r:
+                lines.append(f"{r['shape']:<11} prefill ERROR {r['error'][:90]}")
+            else:
+                lines.append(f"{r['shape']:<11} prefill {r['prefill_tokens']} tokens: {r['prefill_tok_s']:,.0f} tok/s, "
+                             f"{r['tflops']:.0f} TFLOP/s = {r['pct_matmul_peak']:.0f}% of the measured matmul peak")
+            continue
+        if "error" in r:
+            lines.append(f"{r['shape']:<11} {r['batch']:>5} {r['prompt_len']:>6} {r['engine']} ERROR {r['error'][:80]}")
+            continue
+        if r["engine"] == "transformers":
+            lines.append(f"{r['shape']:<11} {r['batch']:>5} {r['prompt_len']:>6} {r['e2e_tok_s']:>10,.1f}  (transformers)")
+            continue
+        ref = hf.get((r["shape"], r["batch"])) if r["prompt_len"] == 128 else None
+        g = r.get("graph_step_ms")
+        lines.append(
+            f"{r['shape']:<11} {r['batch']:>5} {r['prompt_len']:>6} {r['e2e_tok_s']:>10,.0f} {r['decode_tok_s']:>12,.0f} "
+            f"{r['step_ms_median'] or float('nan'):>8.2f} {g if g is not None else float('nan'):>8.2f} "
+            f"{100 * r['decode_tok_s'] / r['roofline_tok_s']:>7.1f}% {100 * r['decode_tok_s'] / r['roofline_wkv_tok_s']:>10.1f}% "
+            f"{(r['e2e_tok_s'] / ref) if ref else float('nan'):>6.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3-0.6b,qwen3-8b,llama-3-8b")
+    ap.add_argument("--batches", default="1,8,64,256")
+    ap.add_argument("--prompt-lens", default="128,2048")
+    ap.add_argument("--prefill-len", type=int, default=8192)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
+    ap.add_argument("--out", default=None, help="path prefix: writes PREFIX.txt and PREFIX.json")
+    args = ap.parse_args()
+    log_path = Path(args.out + ".log") if args.out else None
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        if log_path:
+            with log_path.open("a") as f:
+                f.write(msg + "\n")
+
+    ceil = dict(device=torch.cuda.get_device_name(), bandwidth=copy_bandwidth(), matmul_tflops=matmul_tflops(),
+                torch=torch.__version__)
+    log(json.dumps(ceil))
+    rows = []
+    for shape in args.shapes.split(","):
+        rows += bench_shape(shape, args, ceil, log)
+    text = table(rows, ceil)
+    print(text)
+    if args.out:
+        Path(args.out + ".txt").write_text(text + "\n")
+        Path(args.out + ".json").write_text(json.dumps(dict(ceilings=ceil, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
