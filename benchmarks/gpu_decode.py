@@ -292,7 +292,11 @@ def main() -> None:
     log(json.dumps(ceil))
     rows = []
     for shape in args.shapes.split(","):
-        rows += bench_shape(shape, args, ceil, log)
+        try:
+            rows += bench_shape(shape, args, ceil, log)
+        except Exception as e:  # e.g. out of memory: report it, measure the next shape
+            log(f"{shape}: FAILED {e!r}")
+        free_memory()
     text = table(rows, ceil)
     print(text)
     if args.out:
