@@ -57,6 +57,8 @@ def test_completion_equals_llm_generate(client, reference, prompt):
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 16, "temperature": 0}),
     ("/v1/completions", {"prompt": "Bread needs flour", "max_tokens": 16, "temperature": 0}),
     ("/v1/completions", {"prompt": "Bread needs flour", "max_tokens": 16, "temperature": 0.9, "seed": 3, "n": 2}),
+    ("/v1/completions", {"prompt": ["Bread needs", "Salt"], "max_tokens": 5, "temperature": 0, "echo": True,
+                         "logprobs": 1, "stop": "zz"}),
 ])
 def test_stream_equals_non_stream(client, path, body):
     whole = client.post(path, json=body).json()
@@ -65,7 +67,7 @@ def test_stream_equals_non_stream(client, path, body):
         text = choice["message"]["content"] if "message" in choice else choice["text"]
         assert texts[choice["index"]] == text
     finals = [c for chunk in chunks for c in chunk["choices"] if c["finish_reason"] is not None]
-    assert sorted(c["index"] for c in finals) == list(range(body.get("n", 1)))
+    assert sorted(c["index"] for c in finals) == [c["index"] for c in whole["choices"]]
     assert all(chunk["id"] == chunks[0]["id"] for chunk in chunks)
 
 

@@ -37,13 +37,19 @@ def _as_list(x) -> list[int]:
 class EngineCore:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig | None = None,
                  sched_cfg: SchedulerConfig | None = None, tokenizer: Tokenizer | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, tensor_parallel_size: int = 1) -> None:
         self.model_cfg = model_cfg
         self.cache_cfg = cache_cfg or CacheConfig()
         self.sched_cfg = sched_cfg or SchedulerConfig(max_model_len=model_cfg.max_model_len)
         self.sched_cfg.max_model_len = min(self.sched_cfg.max_model_len, model_cfg.max_model_len)
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(model_cfg, self.cache_cfg, progress)
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
+        if tensor_parallel_size > 1:
+            from ember.worker.tp_executor import TPExecutor
+            self.runner = TPExecutor(model_cfg, self.cache_cfg, tensor_parallel_size, progress)
+        else:
+            self.runner = ModelRunner(model_cfg, self.cache_cfg, progress)
         self.generation_config = read_generation_config(model_cfg.model)
         self.eos_token_ids = sorted(set(_as_list(self.generation_config.get("eos_token_id"))
                                         + _as_list(tokenizer.eos_token_id if tokenizer else None)
@@ -104,6 +110,12 @@ class EngineCore:
         request = self.scheduler.finish(req_id, RequestStatus.FINISHED_ABORTED)
         self.outputs.remove(req_id)
         return request is not None
+
+    def close(self) -> None:
+        """Stops tensor-parallel worker processes, if any."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0

@@ -8,6 +8,7 @@ from ember import ops
 from ember.layers.linear import Linear, MergedLinear
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RotaryEmbedding
+from ember.parallel import get_tp, kv_head_shard
 from ember.worker.attn_metadata import AttentionMetadata
 
 
@@ -29,10 +30,17 @@ class Attention(nn.Module):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads={num_heads} must be a multiple of num_key_value_heads={num_kv_heads}")
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.qkv_proj = MergedLinear(hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size}, qkv_bias)
-        self.o_proj = Linear(self.q_size, hidden_size, o_bias)
+        tp = get_tp()
+        q_start, local_heads = tp.shard(num_heads)
+        kv_start, local_kv_heads = kv_head_shard(num_kv_heads, tp)
+        self.num_heads, self.num_kv_heads, self.head_dim = local_heads, local_kv_heads, head_dim
+        self.q_size, self.kv_size = local_heads * head_dim, local_kv_heads * head_dim
+        kv_slice = (kv_start * head_dim, self.kv_size)
+        self.qkv_proj = MergedLinear(
+            hidden_size, {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim},
+            qkv_bias, slices={"q": (q_start * head_dim, self.q_size), "k": kv_slice, "v": kv_slice},
+        )
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, o_bias, parallel="row")
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.rotary = rotary

@@ -13,9 +13,11 @@ from torch import nn
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SlidingWindowSpec
 from ember.layers.activation import gated_act
 from ember.layers.attention import Attention
+from ember.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ember.layers.linear import Linear, MergedLinear, default_weight_loader
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RopeParams, RotaryEmbedding
+from ember.parallel import get_tp, kv_head_shard
 from ember.worker.attn_metadata import AttentionMetadata
 
 
@@ -74,7 +76,7 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: str, bias: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {0: intermediate, 1: intermediate}, bias)
-        self.down_proj = Linear(intermediate, hidden, bias)
+        self.down_proj = Linear(intermediate, hidden, bias, parallel="row")
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +113,7 @@ class DecoderModel(nn.Module):
     def __init__(self, a: DecoderArgs) -> None:
         super().__init__()
         self.rotary = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope)
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(a, self.rotary, i) for i in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
@@ -136,7 +138,7 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.args = args
         self.model = DecoderModel(args)
-        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size)
+        self.lm_head = None if args.tie_word_embeddings else ParallelLMHead(args.vocab_size, args.hidden_size)
 
     @classmethod
     def args_from_hf(cls, cfg: dict) -> DecoderArgs:
@@ -146,14 +148,13 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
 
     def cache_specs(self) -> list[LayerCacheSpec]:
         a = self.args
+        kv_heads = kv_head_shard(a.num_key_value_heads, get_tp())[1]  # this rank's share
         return [
-            FullAttentionSpec(a.num_key_value_heads, a.head_dim) if not w
-            else SlidingWindowSpec(a.num_key_value_heads, a.head_dim, w)
+            FullAttentionSpec(kv_heads, a.head_dim) if not w else SlidingWindowSpec(kv_heads, a.head_dim, w)
             for w in (a.sliding_windows or [None] * a.num_hidden_layers)
         ]
 

@@ -1,4 +1,5 @@
-"""Linear layers whose parameters carry a weight loader, so HF q/k/v and gate/up tensors fuse at load time."""
+"""Linear layers whose weight loaders fuse HF q/k/v and gate/up tensors at load time and, under tensor
+parallelism, read only this rank's slice (column-parallel: output rows; row-parallel: input columns)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,53 +8,86 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
-    if tuple(param.shape) != tuple(loaded.shape):
-        raise ValueError(
-            f"weight {name!r} has shape {tuple(loaded.shape)} but the model config expects {tuple(param.shape)}"
-        )
+from ember.parallel import get_tp
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
-    _check_shape(param.data, loaded, name)
-    param.data.copy_(loaded)
+def materialize(loaded) -> torch.Tensor:
+    """A checkpoint tensor, or a lazy slice of one (weights/loader.py) read in full."""
+    return loaded if isinstance(loaded, torch.Tensor) else loaded.full()
+
+
+def _check_shape(expected: tuple, loaded, name: str) -> None:
+    if tuple(expected) != tuple(loaded.shape):
+        raise ValueError(f"weight {name!r} has shape {tuple(loaded.shape)} but the model config expects {tuple(expected)}")
+
+
+def default_weight_loader(param: nn.Parameter, loaded, shard_id=None, name: str = "") -> None:
+    _check_shape(tuple(param.shape), loaded, name)
+    param.data.copy_(materialize(loaded))
+
+
+def load_slice(target: torch.Tensor, loaded, dim: int, start: int, name: str, full_shape: tuple) -> None:
+    """Checks the checkpoint tensor's full shape, then copies rows/cols [start, start + target.shape[dim])."""
+    _check_shape(full_shape, loaded, name)
+    target.copy_(materialize(loaded.narrow(dim, start, target.shape[dim])))
 
 
 class Linear(nn.Module):
-    """y = x W^T + b; `weight_loader` fills a parameter from a checkpoint tensor (shard-aware in subclasses)."""
+    """y = x W^T + b with global sizes; parallel="column" splits out_features, "row" splits in_features and
+    all-reduces the partial products (the bias is added once, after the reduce)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, parallel: str | None = None) -> None:
         super().__init__()
+        self.tp = get_tp() if parallel else None
+        self.parallel = parallel if self.tp and self.tp.size > 1 else None
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        local_in = self.tp.shard(in_features)[1] if self.parallel == "row" else in_features
+        local_out = self.tp.shard(out_features)[1] if self.parallel == "column" else out_features
+        self.weight = nn.Parameter(torch.empty(local_out, local_in))
+        self.bias = nn.Parameter(torch.empty(local_out)) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
-        default_weight_loader(param, loaded, name=name)
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None, name: str = "") -> None:
+        if self.parallel is None:
+            return default_weight_loader(param, loaded, name=name)
+        is_bias = param.dim() == 1
+        full = (self.out_features,) if is_bias else (self.out_features, self.in_features)
+        if self.parallel == "row" and is_bias:
+            return default_weight_loader(param, loaded, name=name)
+        dim = 1 if self.parallel == "row" else 0
+        start = self.tp.shard(self.in_features if dim == 1 else self.out_features)[0]
+        load_slice(param.data, loaded, dim, start, name, full)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.parallel != "row":
+            return F.linear(x, self.weight, self.bias)
+        out = self.tp.all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
 
 
 class MergedLinear(Linear):
-    """Several projections of one input stacked on the output dim (q/k/v, gate/up); shard ids name the parts."""
+    """Several column-parallel projections of one input stacked on the output dim (q/k/v, gate/up).
 
-    def __init__(self, in_features: int, shard_sizes: dict, bias: bool = False) -> None:
+    shard_sizes: global output size of each part. slices: this rank's (start, size) rows of each part's
+    checkpoint tensor (default: an equal share; KV heads replicated over ranks pass their own)."""
+
+    def __init__(self, in_features: int, shard_sizes: dict, bias: bool = False, slices: dict | None = None) -> None:
+        tp = get_tp()
+        self.full_sizes = dict(shard_sizes)
+        self.slices = slices or {k: tp.shard(v) for k, v in shard_sizes.items()}
         self.shard_offsets: dict = {}
         offset = 0
-        for shard_id, size in shard_sizes.items():
+        for shard_id, (_, size) in self.slices.items():
             self.shard_offsets[shard_id] = (offset, size)
             offset += size
         super().__init__(in_features, offset, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None, name: str = "") -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id=None, name: str = "") -> None:
         if shard_id is None:
             return default_weight_loader(param, loaded, name=name)
         offset, size = self.shard_offsets[shard_id]
-        target = param.data.narrow(0, offset, size)
-        _check_shape(target, loaded, name)
-        target.copy_(loaded)
+        start = self.slices[shard_id][0]
+        full = (self.full_sizes[shard_id],) + tuple(param.shape[1:])
+        load_slice(param.data.narrow(0, offset, size), loaded, 0, start, name, full)
 
 
 WeightLoader = Callable[..., None]

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from ember.config import ModelConfig
 from ember.layers.linear import MergedLinear
 from ember.models.registry import get_model_class
+from ember.parallel import get_tp
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -30,9 +31,29 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(files: list[Path], dtype: torch.dtype, device: torch.device,
-                    progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (name, tensor) one at a time from memory-mapped files, read onto `device` and cast to dtype."""
+class LazySlice:
+    """A checkpoint tensor not yet read: tensor-parallel ranks read only their slice of it."""
+
+    def __init__(self, handle_slice, dtype: torch.dtype) -> None:
+        self._slice, self._dtype = handle_slice, dtype
+        self.shape = tuple(handle_slice.get_shape())
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self._dtype) if t.is_floating_point() else t
+
+    def narrow(self, dim: int, start: int, size: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + size)
+        return self._cast(self._slice[tuple(index)])
+
+    def full(self) -> torch.Tensor:
+        return self._cast(self._slice[:])
+
+
+def iterate_weights(files: list[Path], dtype: torch.dtype, device: torch.device, progress: bool = True,
+                    lazy: bool = False) -> Iterator[tuple[str, torch.Tensor | LazySlice]]:
+    """Yields (name, tensor) one at a time from memory-mapped files, read onto `device` and cast to dtype;
+    with lazy=True, yields LazySlice handles so a loader reads only the part it keeps."""
     where = str(device) if device.type == "cuda" else "cpu"
     names = []
     for f in files:
@@ -42,8 +63,11 @@ def iterate_weights(files: list[Path], dtype: torch.dtype, device: torch.device,
     for f in files:
         with safe_open(str(f), framework="pt", device=where) as handle:
             for name in handle.keys():
-                t = handle.get_tensor(name)
-                yield name, (t.to(dtype) if t.is_floating_point() else t)
+                if lazy:
+                    yield name, LazySlice(handle.get_slice(name), dtype)
+                else:
+                    t = handle.get_tensor(name)
+                    yield name, (t.to(dtype) if t.is_floating_point() else t)
                 bar.update(1)
     bar.close()
 
@@ -78,7 +102,7 @@ def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
         _dummy_init(model, cfg.seed)
         return model.eval()
     files = checkpoint_files(Path(cfg.model))
-    loaded = model.load_weights(iterate_weights(files, cfg.dtype, cfg.device, progress))
+    loaded = model.load_weights(iterate_weights(files, cfg.dtype, cfg.device, progress, lazy=get_tp().size > 1))
     missing = sorted(expected_weight_keys(model) - loaded)
     if missing:
         raise ValueError(f"checkpoint {cfg.model!r} lacks weights for: {', '.join(k.split(':')[0] for k in missing[:8])}"

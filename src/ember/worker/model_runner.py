@@ -13,6 +13,7 @@ from ember.kv.spec import LayerCacheSpec, SharedKVSpec, kv_bytes_per_token
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
+from ember.parallel import get_tp
 from ember.weights.loader import load_model
 from ember.worker.attn_metadata import AttentionMetadata
 from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
@@ -69,7 +70,7 @@ class ModelRunner:
         self.block_size = cache_cfg.block_size
         self.model = load_model(model_cfg, progress)
         self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
-        self.num_blocks = cache_cfg.num_blocks or self._size_pool()
+        self.num_blocks = cache_cfg.num_blocks or get_tp().min_int(self._size_pool(), self.device)
         cache_cfg.num_blocks = self.num_blocks
         self.kv_caches = self._allocate_kv()
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
