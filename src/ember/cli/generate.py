@@ -30,6 +30,13 @@ def _params(llm, args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     llm = build_llm(args, progress=sys.stderr.isatty())
+    try:
+        return _generate(llm, args)
+    finally:
+        llm.close()
+
+
+def _generate(llm, args: argparse.Namespace) -> int:
     params = _params(llm, args)
     tok = llm.get_tokenizer()
     if args.chat:
