@@ -89,6 +89,8 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     num_blocks: int | None = None  # set by the runner once sized
+    # hybrid models' recurrent-state slots: one per running request plus prefix-cache snapshots (engine-set)
+    num_state_slots: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

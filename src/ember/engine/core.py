@@ -14,6 +14,7 @@ from ember.engine.scheduler import Scheduler
 from ember.kv.block_pool import BlockPool
 from ember.kv.managers import KVCacheManager
 from ember.kv.prefix_hash import cache_namespace, file_fingerprint
+from ember.kv.state_pool import RecurrentStatePool
 from ember.request import Request, RequestStatus
 from ember.sampling_params import SamplingParams
 from ember.worker.model_runner import ModelRunner
@@ -43,6 +44,8 @@ class EngineCore:
         self.sched_cfg = sched_cfg or SchedulerConfig(max_model_len=model_cfg.max_model_len)
         self.sched_cfg.max_model_len = min(self.sched_cfg.max_model_len, model_cfg.max_model_len)
         self.tokenizer = tokenizer
+        if self.cache_cfg.num_state_slots is None:  # hybrid models: a slot per running request (+ as many snapshots)
+            self.cache_cfg.num_state_slots = self.sched_cfg.max_num_seqs * (2 if self.cache_cfg.enable_prefix_caching else 1)
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
         if tensor_parallel_size > 1:
@@ -57,9 +60,17 @@ class EngineCore:
         extra = f"dummy:{model_cfg.seed}" if model_cfg.load_format == "dummy" else ""
         self.namespace = cache_namespace(file_fingerprint(model_cfg.model, extra), str(model_cfg.dtype))
         pool = BlockPool(self.runner.num_blocks, self.cache_cfg.enable_prefix_caching)
-        self.kv = KVCacheManager(pool, self.cache_cfg.block_size, self.namespace)
+        self.kv = KVCacheManager(pool, self.cache_cfg.block_size, self.namespace, self._state_pool())
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.outputs = OutputProcessor(tokenizer)
+
+    def _state_pool(self) -> RecurrentStatePool | None:
+        if not getattr(self.runner, "state_bytes", 0):  # attention-only model (or a runner without state)
+            return None
+        num_working = self.sched_cfg.max_num_seqs
+        if self.cache_cfg.num_state_slots < num_working:
+            raise ValueError(f"num_state_slots={self.cache_cfg.num_state_slots} must be >= max_num_seqs={num_working}")
+        return RecurrentStatePool(num_working, self.cache_cfg.num_state_slots - num_working)
 
     @property
     def max_model_len(self) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ember.config import SchedulerConfig
 from ember.kv.managers import KVCacheManager
+from ember.kv.state_pool import StateStep
 from ember.request import Request, RequestStatus
 from ember.sampling_params import SamplingParams
 
@@ -26,6 +27,7 @@ class ScheduledSeq:
     prompt_token_ids: list[int]  # shared references: read-only for the runner
     output_token_ids: list[int]
     eos_token_ids: list[int]
+    state: StateStep | None = None  # recurrent-state slots (hybrid models only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,7 @@ class Scheduler:
         return ScheduledSeq(
             request.req_id, tokens, start, request.block_ids, start + n == request.num_tokens, request.params,
             request.seed, request.prompt_token_ids, request.output_token_ids, request.eos_token_ids,
+            self.kv.plan_state(request, n),
         )
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(slots=True)
@@ -28,6 +29,8 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self._cached: dict[bytes, int] = {}
         self.num_hits = self.num_queries = 0  # tokens, for the hit-rate metric
+        # called with each hash whose block is evicted, so side tables (recurrent-state snapshots) follow it
+        self.on_evict: Callable[[bytes], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -48,6 +51,8 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None:  # evict: its KV is about to be overwritten
                 self._cached.pop(block.block_hash, None)
+                if self.on_evict is not None:
+                    self.on_evict(block.block_hash)
                 block.block_hash = None
             block.ref_cnt = 1
             ids.append(block_id)
@@ -78,5 +83,8 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> None:
         for block_id in self._free:
-            self.blocks[block_id].block_hash = None
+            block = self.blocks[block_id]
+            if block.block_hash is not None and self.on_evict is not None:
+                self.on_evict(block.block_hash)
+            block.block_hash = None
         self._cached = {h: b for h, b in self._cached.items() if self.blocks[b].ref_cnt > 0}

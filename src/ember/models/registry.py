@@ -8,6 +8,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "mistral": ("ember.models.mistral", "MistralForCausalLM"),
     "qwen2": ("ember.models.qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("ember.models.qwen3", "Qwen3ForCausalLM"),
+    "qwen3_5": ("ember.models.qwen3_5", "Qwen3_5ForCausalLM"),
+    "qwen3_5_text": ("ember.models.qwen3_5", "Qwen3_5ForCausalLM"),
 }
 
 

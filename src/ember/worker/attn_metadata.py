@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ember.worker.state_cache import StateMetadata
 
 
 @dataclass(slots=True)
@@ -23,6 +27,7 @@ class AttentionMetadata:
     # host copies for the reference path (no device syncs needed to loop over sequences)
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    state: StateMetadata | None = None  # recurrent-state slots, for hybrid models' linear-attention layers
 
     @property
     def num_seqs(self) -> int:

@@ -9,13 +9,14 @@ import torch
 
 from ember import ops
 from ember.config import CacheConfig, ModelConfig
-from ember.kv.spec import LayerCacheSpec, SharedKVSpec, kv_bytes_per_token
+from ember.kv.spec import LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_bytes_per_token, state_bytes_per_slot
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 from ember.parallel import get_tp
 from ember.weights.loader import load_model
 from ember.worker.attn_metadata import AttentionMetadata
+from ember.worker.state_cache import StateCache, StateMetadata
 from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
@@ -75,10 +76,13 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv()
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
             layer.kv_cache = cache
+        self.state_cache = self._allocate_state()
         self.sampler = Sampler()
         self.vocab_size = self.model.args.vocab_size
         self.graphs: CudaGraphRunner | None = None
-        if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
+        # recurrent-state metadata is not graph-captured yet: hybrid models run eagerly
+        if (self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"
+                and not self.state_cache.layers):
             max_blocks = -(-model_cfg.max_model_len // self.block_size)
             self.graphs = CudaGraphRunner(self.model, GRAPH_BATCH_SIZES[-1], max_blocks, self.block_size, self.device)
             self.graphs.capture()
@@ -87,8 +91,13 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         return kv_bytes_per_token(self.cache_specs, self.dtype)
 
+    @property
+    def state_bytes(self) -> int:
+        """Recurrent-state memory of hybrid models: every slot's state over all layers."""
+        return state_bytes_per_slot(self.cache_specs, self.dtype) * (self.cache_cfg.num_state_slots or 0)
+
     def _size_pool(self) -> int:
-        per_block = self.kv_bytes_per_token * self.block_size
+        per_block = max(1, self.kv_bytes_per_token * self.block_size)
         if self.cache_cfg.kv_cache_gb is not None:
             budget = self.cache_cfg.kv_cache_gb * 2**30
         elif self.device.type == "cuda":
@@ -97,7 +106,11 @@ class ModelRunner:
             budget = free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
         else:
             budget = CPU_DEFAULT_KV_GB * 2**30
-        return max(2, int(budget // per_block))
+        if self.state_bytes > budget / 2:
+            raise ValueError(f"recurrent state for {self.cache_cfg.num_state_slots} slots needs {self.state_bytes / 2**30:.2f} "
+                             f"GiB, over half of the {budget / 2**30:.2f} GiB cache budget; lower max_num_seqs or give "
+                             "the cache more memory")
+        return max(2, int((budget - self.state_bytes) // per_block))
 
     def _allocate_kv(self) -> list[torch.Tensor]:
         caches: list[torch.Tensor] = []
@@ -105,9 +118,19 @@ class ModelRunner:
             if isinstance(spec, SharedKVSpec):
                 caches.append(caches[spec.donor_layer])
                 continue
+            if isinstance(spec, RecurrentStateSpec):  # state slots, see _allocate_state
+                caches.append(None)
+                continue
             shape = (2, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
             caches.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
         return caches
+
+    def _allocate_state(self) -> StateCache:
+        state = StateCache(self.cache_specs, self.cache_cfg.num_state_slots or 0, self.dtype, self.device)
+        layers = self.model.attention_layers()
+        for i, tensors in state.layers.items():
+            layers[i].state = tensors
+        return state
 
     def _prepare(self, out: SchedulerOutput) -> StepInputs:
         input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
@@ -136,6 +159,7 @@ class ModelRunner:
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
             block_tables=t(tables, torch.int32), max_query_len=max(len(s.token_ids) for s in out.seqs),
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+            state=StateMetadata.build(out.seqs, dev),
         )
         return StepInputs(t(input_ids, torch.int64), t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
 

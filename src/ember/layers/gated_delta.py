@@ -1,0 +1,167 @@
+"""Gated DeltaNet token mixer (arXiv:2412.06464) as Qwen3.5 / Qwen3-Next use it: a fused input projection, a
+short causal depthwise conv over q/k/v, the gated delta rule with one value head group per key head, and a
+gated RMSNorm on the output. Its whole history is a fixed-size state per request (kv/spec.RecurrentStateSpec):
+conv window [conv_dim, K-1] and recurrent matrix [Hv, Dk, Dv] (fp32, as transformers keeps it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember.kv.spec import RecurrentStateSpec, StateTensor
+from ember.layers.linear import Linear, MergedLinear
+from ember.ops import gated_delta as gd
+from ember.worker.attn_metadata import AttentionMetadata
+from ember.worker.state_cache import StateMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class GatedDeltaArgs:
+    hidden_size: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    eps: float
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm(x) * w * silu(gate), normalised in fp32 and cast back before the weight (Qwen3_5RMSNormGated)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return ((self.weight * xf.to(dtype)) * F.silu(gate.float())).to(dtype)
+
+
+class DepthwiseConv(nn.Module):
+    """Holds the conv1d weight under its HF name and shape [C, 1, K]; the ops take it as [C, K]."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, a: GatedDeltaArgs) -> None:
+        super().__init__()
+        if a.num_v_heads % a.num_k_heads:
+            raise ValueError(f"linear_num_value_heads={a.num_v_heads} must be a multiple of "
+                             f"linear_num_key_heads={a.num_k_heads}")
+        self.a = a
+        # HF's in_proj_qkv / in_proj_z fused into one matmul; b and a (write strength, decay) stay apart, as the
+        # decay's exp amplifies the last-bit differences a differently shaped GEMM would bring
+        self.in_proj = MergedLinear(a.hidden_size, {"qkv": a.conv_dim, "z": a.value_dim})
+        self.in_proj_b = Linear(a.hidden_size, a.num_v_heads)
+        self.in_proj_a = Linear(a.hidden_size, a.num_v_heads)
+        self.conv1d = DepthwiseConv(a.conv_dim, a.conv_kernel)
+        self.dt_bias = nn.Parameter(torch.ones(a.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(a.num_v_heads))
+        self.norm = GatedRMSNorm(a.head_v_dim, a.eps)
+        self.out_proj = Linear(a.value_dim, a.hidden_size)
+        self.state: dict[str, torch.Tensor] | None = None  # {"conv", "ssm"}: [num_slots, ...], bound by the runner
+
+    def cache_spec(self) -> RecurrentStateSpec:
+        a = self.a
+        return RecurrentStateSpec((StateTensor("conv", (a.conv_dim, a.conv_kernel - 1)),
+                                   StateTensor("ssm", (a.num_v_heads, a.head_k_dim, a.head_v_dim), torch.float32)))
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        a = self.a
+        num_tokens = x.shape[0]
+        mixed, z = self.in_proj(x).split([a.conv_dim, a.value_dim], dim=-1)
+        beta = self.in_proj_b(x).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # log decay, <= 0
+        assert self.state is not None and meta.state is not None, "state slots are bound and scheduled by the runner"
+        if meta.is_decode_only:
+            core = self._decode(mixed, beta, g, meta.state)
+        else:
+            core = self._prefill(mixed, beta, g, meta)
+        core = self.norm(core.reshape(-1, a.head_v_dim), z.reshape(-1, a.head_v_dim))
+        return self.out_proj(core.reshape(num_tokens, a.value_dim))
+
+    def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # [N, conv_dim] -> q, k [N, Hv, Dk] (each key head serves Hv/Hk consecutive value heads), v [N, Hv, Dv]
+        a = self.a
+        q, k, v = mixed.split([a.key_dim, a.key_dim, a.value_dim], dim=-1)
+        rep = a.num_v_heads // a.num_k_heads
+        q = q.reshape(-1, a.num_k_heads, a.head_k_dim).repeat_interleave(rep, dim=1)
+        k = k.reshape(-1, a.num_k_heads, a.head_k_dim).repeat_interleave(rep, dim=1)
+        return q, k, v.reshape(-1, a.num_v_heads, a.head_v_dim)
+
+    def _decode(self, mixed, beta, g, st: StateMetadata) -> torch.Tensor:
+        # one token per sequence, batched: [B, ...] states gathered from and scattered back to the slots
+        num_seqs = len(st.write_slots_cpu)
+        conv, ssm = self.state["conv"], self.state["ssm"]
+        reads, writes = st.read_slots, st.write_slots
+        conv_in, ssm_in = conv[reads.clamp(min=0)], ssm[reads.clamp(min=0)]
+        is_fresh = (reads < 0)[:, None, None]  # a one-token prompt starts from zeros
+        conv_in, ssm_in = conv_in.masked_fill(is_fresh, 0), ssm_in.masked_fill(is_fresh[..., None], 0)
+        out, conv_new = gd.causal_conv1d_step(mixed[:num_seqs], self.conv1d.weight[:, 0], conv_in)
+        q, k, v = self._split_heads(out)
+        core, ssm_new = gd.recurrent_gated_delta_step(q, k, v, g[:num_seqs], beta[:num_seqs], ssm_in)
+        conv.index_copy_(0, writes, conv_new.to(conv.dtype))
+        ssm.index_copy_(0, writes, ssm_new.to(ssm.dtype))
+        for i, snaps in enumerate(st.snapshots_cpu):
+            for _, slot in snaps:  # the only possible offset is the end of the one-token chunk
+                conv[slot].copy_(conv[st.write_slots_cpu[i]])
+                ssm[slot].copy_(ssm[st.write_slots_cpu[i]])
+        if core.shape[0] < mixed.shape[0]:  # padded tokens produce zeros
+            core = torch.cat([core, core.new_zeros(mixed.shape[0] - core.shape[0], *core.shape[1:])])
+        return core
+
+    def _prefill(self, mixed, beta, g, meta: AttentionMetadata) -> torch.Tensor:
+        st = meta.state
+        starts = meta.query_start_loc_cpu
+        core = mixed.new_zeros(mixed.shape[0], self.a.num_v_heads, self.a.head_v_dim)
+        for i in range(meta.num_seqs):
+            s, e = starts[i], starts[i + 1]
+            if e > s:
+                core[s:e] = self._prefill_one(mixed[s:e], beta[s:e], g[s:e], st.read_slots_cpu[i],
+                                              st.write_slots_cpu[i], st.snapshots_cpu[i])
+        return core
+
+    def _prefill_one(self, mixed, beta, g, read: int, write: int, snapshots) -> torch.Tensor:
+        conv, ssm = self.state["conv"], self.state["ssm"]
+        width = self.a.conv_kernel - 1
+        conv_in = conv[read] if read >= 0 else None
+        ssm_state = ssm[read].float() if read >= 0 else ssm.new_zeros(ssm.shape[1:], dtype=torch.float32)
+        out, window = gd.causal_conv1d(mixed, self.conv1d.weight[:, 0], conv_in)
+        q, k, v = self._split_heads(out)
+        # split the chunk where snapshots are due, so the state at each of those offsets is materialised
+        cuts = sorted({n for n, _ in snapshots} | {mixed.shape[0]})
+        outs, begin = [], 0
+        for cut in cuts:
+            o, ssm_state = gd.chunk_gated_delta_rule(q[begin:cut], k[begin:cut], v[begin:cut], g[begin:cut],
+                                                     beta[begin:cut], ssm_state)
+            outs.append(o)
+            for n, slot in snapshots:
+                if n == cut:
+                    conv[slot].copy_(window[:, cut:cut + width])
+                    ssm[slot].copy_(ssm_state)
+            begin = cut
+        conv[write].copy_(window[:, -width:])
+        ssm[write].copy_(ssm_state)
+        return torch.cat(outs)

@@ -1,0 +1,40 @@
+"""Tiny configs of the hybrid architectures (sliding/full/shared-KV attention, Gated DeltaNet), written as real
+HF model directories by transformers. Norm weights are randomised too, so (1 + w) versus w scaling is tested."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.3, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0)
+DELTA = dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=16, linear_num_key_heads=2,
+             linear_num_value_heads=4)
+
+# name -> (model_type, overrides)
+HYBRID_CONFIGS: dict[str, tuple[str, dict]] = {
+    # linear, full, linear, linear, full; partial rotary over a quarter of each head
+    "qwen3_5": ("qwen3_5_text", dict(num_hidden_layers=5, head_dim=16, tie_word_embeddings=False, **DELTA,
+                                     layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                  "linear_attention", "full_attention"])),
+    "qwen3_5-tied-mha": ("qwen3_5_text", dict(num_hidden_layers=2, head_dim=16, tie_word_embeddings=True,
+                                              **{**DELTA, "linear_num_value_heads": 2, "linear_value_head_dim": 8},
+                                              layer_types=["linear_attention", "full_attention"])),
+}
+
+
+def build_hybrid_model(name: str, out_dir: Path):
+    """Writes the model to out_dir and returns the transformers model (float32, eval)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, overrides = HYBRID_CONFIGS[name]
+    cfg = AutoConfig.for_model(model_type, **{**BASE, **overrides})
+    torch.manual_seed(sum(map(ord, name)))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname or pname.endswith("dt_bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(out_dir)
+    return model
