@@ -5,7 +5,8 @@
 
     python benchmarks/serving.py [MODEL_DIR] [--device cpu] [--num-requests 16] [--prefix-len 1000]
 
-MODEL_DIR defaults to the built-in demo model. Not a test: numbers depend on the machine.
+MODEL_DIR defaults to the built-in demo model. The load generator runs in a child process so that its own
+Python work does not compete with the server for the GIL. Not a test: numbers depend on the machine.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 import httpx
@@ -35,11 +38,11 @@ def start_server(args: argparse.Namespace):
     return engine, ServerThread(build_app(engine, "bench")).start()
 
 
-def batching(url: str, args: argparse.Namespace) -> dict:
+def batching(client: ProcessPoolExecutor, url: str, args: argparse.Namespace) -> dict:
     requests = random_requests(args.num_requests, args.input_len, args.output_len, seed=1)
-    run_benchmark(BenchConfig(url, concurrency=4), requests[:4])  # warm-up
-    concurrent = run_benchmark(BenchConfig(url, concurrency=args.num_requests), requests)
-    sequential = run_benchmark(BenchConfig(url, concurrency=1), requests)
+    client.submit(run_benchmark, BenchConfig(url, concurrency=4), requests[:4]).result()  # warm-up
+    concurrent = client.submit(run_benchmark, BenchConfig(url, concurrency=args.num_requests), requests).result()
+    sequential = client.submit(run_benchmark, BenchConfig(url, concurrency=1), requests).result()
     for summary in (sequential, concurrent):
         print(format_summary(summary))
     ratio = sequential.duration_s / concurrent.duration_s
@@ -68,7 +71,11 @@ async def ttft(client: httpx.AsyncClient, prompt: str) -> tuple[float, int]:
     return first, cached
 
 
-async def prefix_cache(url: str, args: argparse.Namespace) -> dict:
+def prefix_cache(url: str, args: argparse.Namespace) -> dict:
+    return asyncio.run(_prefix_cache(url, args))
+
+
+async def _prefix_cache(url: str, args: argparse.Namespace) -> dict:
     words = "river bridge town bread water salt fog morning children mill church field sheep hill".split()
     misses, hits, num_cached = [], [], []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -107,7 +114,9 @@ def main() -> int:
     engine, server = start_server(args)
     try:
         print(f"model {args.model} on {engine.core.model_cfg.device} ({engine.core.model_cfg.dtype})")
-        results = {"batching": batching(server.url, args), "prefix_cache": asyncio.run(prefix_cache(server.url, args))}
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as client:
+            results = {"batching": batching(client, server.url, args),
+                       "prefix_cache": client.submit(prefix_cache, server.url, args).result()}
     finally:
         server.stop()
         engine.shutdown(timeout=2)

@@ -135,6 +135,10 @@ async def stream_choices(state: ServerState, base_id: str, prompts: list[list[in
 
     Closing or cancelling this generator (client gone) cancels every child, which aborts its engine request.
     """
+    if len(prompts) == 1 and params.n == 1:  # the common case needs no fan-in: one hop less per token
+        async for delta in _tracked(state, f"{base_id}-0", prompts[0], child_params(params, 0)):
+            yield 0, delta
+        return
     queue: asyncio.Queue = asyncio.Queue()
     tasks = []
     for p, ids in enumerate(prompts):
@@ -159,15 +163,25 @@ async def stream_choices(state: ServerState, base_id: str, prompts: list[list[in
 
 async def _pump(state: ServerState, req_id: str, ids: list[int], params: SamplingParams, index: int,
                 queue: asyncio.Queue) -> None:
-    tracker = state.metrics.track()
     try:
-        async for delta in state.engine.generate(req_id, ids, params):
-            tracker.observe(delta)
+        async for delta in _tracked(state, req_id, ids, params):
             queue.put_nowait((index, delta))
         queue.put_nowait((index, None))
     except Exception as e:  # noqa: BLE001 - handed to the consumer, which answers the client
         queue.put_nowait((index, e))
+
+
+async def _tracked(state: ServerState, req_id: str, ids: list[int],
+                   params: SamplingParams) -> AsyncIterator[RequestDelta]:
+    """One engine request's deltas, timed for /metrics."""
+    tracker = state.metrics.track()
+    stream = state.engine.generate(req_id, ids, params)
+    try:
+        async for delta in stream:
+            tracker.observe(delta)
+            yield delta
     finally:
+        await stream.aclose()  # now, not at garbage collection: this is what aborts the engine request
         tracker.done("abort")  # no-op when the request already finished
 
 
