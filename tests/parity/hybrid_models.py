@@ -21,6 +21,20 @@ HYBRID_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_5-tied-mha": ("qwen3_5_text", dict(num_hidden_layers=2, head_dim=16, tie_word_embeddings=True,
                                               **{**DELTA, "linear_num_value_heads": 2, "linear_value_head_dim": 8},
                                               layer_types=["linear_attention", "full_attention"])),
+    # sliding (window 20, spans blocks) and global layers with a wider head and proportional RoPE; the last two
+    # layers read the KV of layers 3 (sliding) and 2 (global); per-layer inputs; double-wide MLP; soft-capping
+    "gemma4": ("gemma4_text", dict(num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=20,
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                                "sliding_attention", "sliding_attention", "full_attention"],
+                                   num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                                   vocab_size_per_layer_input=512, use_double_wide_mlp=True,
+                                   final_logit_softcapping=30.0, tie_word_embeddings=True)),
+    # global layers with K = V and their own KV head count; no PLE, no sharing, untied, no soft-capping
+    "gemma4-k-eq-v": ("gemma4_text", dict(num_hidden_layers=4, head_dim=16, global_head_dim=24, sliding_window=12,
+                                          attention_k_eq_v=True, num_global_key_value_heads=1,
+                                          hidden_size_per_layer_input=0, tie_word_embeddings=False,
+                                          layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                                       "full_attention"])),
 }
 
 
@@ -36,5 +50,8 @@ def build_hybrid_model(name: str, out_dir: Path):
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("dt_bias"):
                 p.add_(torch.randn_like(p) * 0.3)
+        for bname, b in model.named_buffers():
+            if bname.endswith("layer_scalar"):  # a learned per-layer output scale, stored as a buffer
+                b.uniform_(0.5, 1.5)
     model.save_pretrained(out_dir)
     return model

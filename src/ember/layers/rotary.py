@@ -10,7 +10,7 @@ from torch import nn
 
 from ember.ops.rotary import apply_rotary
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 @dataclass(slots=True)
@@ -89,8 +89,18 @@ def _yarn_inv_freq(p: RopeParams, dim: int) -> tuple[torch.Tensor, float]:
     return inv, float(attn)
 
 
+def _proportional_inv_freq(p: RopeParams, head_dim: int) -> torch.Tensor:
+    # Gemma 4 global layers: the first partial_rotary_factor of the frequencies (exponents over the full head
+    # dim) rotate, the rest are 0 (identity), over the whole head
+    num_rotated = int(p.partial_rotary_factor * head_dim // 2)
+    inv = 1.0 / (p.theta ** (torch.arange(0, 2 * num_rotated, 2, dtype=torch.int64).float() / head_dim))
+    return torch.cat([inv, torch.zeros(head_dim // 2 - num_rotated)]) / p.factor
+
+
 def compute_inv_freq(p: RopeParams, head_dim: int) -> tuple[torch.Tensor, float, int]:
     """Returns (inv_freq [rot_dim/2], attention scaling of cos/sin, rot_dim)."""
+    if p.rope_type == "proportional":
+        return _proportional_inv_freq(p, head_dim), 1.0, head_dim
     dim = int(head_dim * p.partial_rotary_factor)
     if p.rope_type == "yarn":
         inv, attn = _yarn_inv_freq(p, dim)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, tuple[str, str]] = {
+    "gemma4": ("ember.models.gemma4", "Gemma4ForCausalLM"),
+    "gemma4_text": ("ember.models.gemma4", "Gemma4ForCausalLM"),
     "llama": ("ember.models.llama", "LlamaForCausalLM"),
     "mistral": ("ember.models.mistral", "MistralForCausalLM"),
     "qwen2": ("ember.models.qwen2", "Qwen2ForCausalLM"),

@@ -1,0 +1,314 @@
+"""Gemma 4 (text), as transformers' Gemma4ForCausalLM: sliding-window and global attention layers (global ones with
+their own head dim, proportional RoPE and optionally K = V), the last `num_kv_shared_layers` layers reading the KV
+of the last earlier layer of their type, per-layer input embeddings (PLE), sandwich norms, a learned per-layer
+output scale, attention scale 1 (q/k are RMS-normed), and final logit soft-capping. Also loads the multimodal
+checkpoints' language model (vision/audio towers are skipped).
+
+The MoE variant (26B-A4B, enable_moe_block) would add, next to the dense MLP of every layer, a router (unscaled
+RMSNorm * scale / sqrt(H), softmax top-k renormalised, per-expert scale) and fused experts [E, 2I, H] / [E, H, I]
+with their own pre/post norms; KV, rotary and caching are as here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ember import ops
+from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SharedKVSpec, SlidingWindowSpec
+from ember.layers.activation import get_activation
+from ember.layers.decoder import GatedMLP
+from ember.layers.linear import Linear, MergedLinear
+from ember.layers.loading import load_packed_weights
+from ember.layers.norm import RMSNorm
+from ember.layers.rotary import RopeParams, RotaryEmbedding
+from ember.worker.attn_metadata import AttentionMetadata
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4LayerArgs:
+    layer_type: str
+    head_dim: int
+    num_kv_heads: int
+    intermediate_size: int
+    sliding_window: int | None  # None for global layers
+    donor: int | None  # KV-shared layers: the layer whose KV they read
+    has_v_proj: bool  # global layers with attention_k_eq_v use K as V
+
+
+@dataclass(slots=True)
+class Gemma4Args:
+    vocab_size: int
+    hidden_size: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    layers: list[Gemma4LayerArgs]
+    ropes: dict[str, RopeParams]  # by layer type
+    hidden_activation: str = "gelu_pytorch_tanh"
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    final_logit_softcapping: float | None = None
+    vocab_size_per_layer_input: int = 0
+    hidden_size_per_layer_input: int = 0  # 0: no per-layer input embeddings
+    store_layers: list[int] = field(default_factory=list)  # layers whose KV shared layers read
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.layers)
+
+
+def layer_types_from_hf(cfg: dict) -> list[str]:
+    num_layers = cfg["num_hidden_layers"]
+    types = list(cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                            for i in range(num_layers)])
+    if len(types) != num_layers or set(types) - set(LAYER_TYPES):
+        raise ValueError(f"layer_types must give one of {list(LAYER_TYPES)} for each of {num_layers} layers")
+    types[-1] = "full_attention"  # as transformers forces it
+    return types
+
+
+def per_layer_overrides(cfg: dict, types: list[str]) -> dict[int, dict]:
+    """transformers' per_layer_config (saved configs), else the global_head_dim / num_global_key_value_heads keys
+    of the original checkpoints, which transformers turns into per_layer_config for the global layers."""
+    if cfg.get("per_layer_config") is not None:
+        return {int(i): dict(v) for i, v in cfg["per_layer_config"].items()}
+    overrides = {"head_dim": cfg.get("global_head_dim", 512)}
+    if cfg.get("attention_k_eq_v", False) and cfg.get("num_global_key_value_heads") is not None:
+        overrides["num_key_value_heads"] = cfg["num_global_key_value_heads"]
+    return {i: dict(overrides) for i, t in enumerate(types) if t == "full_attention"}
+
+
+def kv_donors(types: list[str], num_shared: int) -> list[int | None]:
+    """For each layer, the layer whose KV it reads (None: its own): the last non-shared layer of its type."""
+    num_layers = len(types)
+    first_shared = num_layers - num_shared
+    if num_shared and first_shared <= 0:
+        raise ValueError(f"num_kv_shared_layers={num_shared} leaves no layer to produce KV for {num_layers} layers")
+    donors: list[int | None] = [None] * num_layers
+    for i in range(first_shared, num_layers):
+        producers = [j for j in range(first_shared) if types[j] == types[i]]
+        if not producers:
+            raise ValueError(f"KV-shared layer {i} ({types[i]}) has no earlier {types[i]} layer to read KV from")
+        donors[i] = producers[-1]
+    return donors
+
+
+def _rope_for(cfg: dict, layer_type: str, max_pos: int) -> RopeParams:
+    rope = cfg.get("rope_parameters") or {}
+    default = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                  "rope_theta": 1_000_000.0}}[layer_type]
+    return RopeParams.from_hf({"rope_parameters": rope.get(layer_type) or default}, max_pos)
+
+
+def args_from_hf(cfg: dict) -> Gemma4Args:
+    if cfg.get("use_bidirectional_attention") == "all":
+        raise ValueError("Gemma 4 with use_bidirectional_attention='all' is not a causal LM; not supported")
+    if cfg.get("enable_moe_block"):
+        raise ValueError("Gemma 4 MoE (enable_moe_block) is not supported yet; the dense variants are")
+    types = layer_types_from_hf(cfg)
+    overrides = per_layer_overrides(cfg, types)
+    donors = kv_donors(types, cfg.get("num_kv_shared_layers", 0))
+    heads = cfg["num_attention_heads"]
+    layers = []
+    for i, t in enumerate(types):
+        c = {**cfg, **overrides.get(i, {})}
+        is_sliding = t == "sliding_attention"
+        intermediate = c["intermediate_size"] * (2 if cfg.get("use_double_wide_mlp") and donors[i] is not None else 1)
+        layers.append(Gemma4LayerArgs(
+            layer_type=t, head_dim=c.get("head_dim") or cfg["hidden_size"] // heads,
+            num_kv_heads=c.get("num_key_value_heads") or heads, intermediate_size=intermediate,
+            sliding_window=c.get("sliding_window", 512) if is_sliding else None, donor=donors[i],
+            has_v_proj=not (cfg.get("attention_k_eq_v", False) and not is_sliding),
+        ))
+    max_pos = cfg.get("max_position_embeddings", 131_072)
+    return Gemma4Args(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], num_attention_heads=heads,
+        max_position_embeddings=max_pos, rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), layers=layers,
+        ropes={t: _rope_for(cfg, t, max_pos) for t in set(types)},
+        hidden_activation=cfg.get("hidden_activation", "gelu_pytorch_tanh"),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", True), attention_bias=cfg.get("attention_bias", False),
+        final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        vocab_size_per_layer_input=cfg.get("vocab_size_per_layer_input", cfg["vocab_size"]),
+        hidden_size_per_layer_input=cfg.get("hidden_size_per_layer_input") or 0,
+        store_layers=sorted({d for d in donors if d is not None}),
+    )
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight (Gemma 4's value norm), statistics in fp32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Embedding times sqrt(dim), the scale rounded to the weight dtype as transformers does."""
+
+    def __init__(self, num: int, dim: int, scale: float) -> None:
+        super().__init__(num, dim)
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = super().forward(ids)
+        return out * torch.tensor(self.scale, dtype=out.dtype, device=out.device)
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, a: Gemma4Args, la: Gemma4LayerArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = a.num_attention_heads, la.num_kv_heads, la.head_dim
+        self.q_size, self.kv_size = self.num_heads * la.head_dim, la.num_kv_heads * la.head_dim
+        self.is_shared, self.has_v_proj = la.donor is not None, la.has_v_proj
+        shards = {"q": self.q_size}
+        if not self.is_shared:  # shared layers read their donor's KV and have no k/v projections
+            shards.update({"k": self.kv_size, **({"v": self.kv_size} if la.has_v_proj else {})})
+        self.qkv_proj = MergedLinear(a.hidden_size, shards, a.attention_bias)
+        self.o_proj = Linear(self.q_size, a.hidden_size, a.attention_bias)
+        self.q_norm = RMSNorm(la.head_dim, a.rms_norm_eps)
+        self.k_norm = None if self.is_shared else RMSNorm(la.head_dim, a.rms_norm_eps)
+        self.eps = a.rms_norm_eps
+        self.rotary = rotary
+        self.sliding_window = la.sliding_window
+        self.kv_cache: torch.Tensor | None = None  # bound by the model runner (the donor's, for shared layers)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        cos_sin, rot_dim = self.rotary.cos_sin(x.device), self.rotary.rot_dim
+        q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))
+        assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
+        if self.is_shared:
+            q, _ = ops.apply_rotary(positions, q, q[:, :1], cos_sin, rot_dim)
+        else:
+            k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape(num_tokens, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim) \
+                if self.has_v_proj else k
+            q, k = ops.apply_rotary(positions, q, self.k_norm(k), cos_sin, rot_dim)
+            ops.write_kv(self.kv_cache, k, rms(v, self.eps), meta.slot_mapping)
+        out = ops.paged_attention(q, self.kv_cache, meta, 1.0, self.sliding_window)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, a: Gemma4Args, la: Gemma4LayerArgs, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        h, eps = a.hidden_size, a.rms_norm_eps
+        self.self_attn = Gemma4Attention(a, la, rotary)
+        self.mlp = GatedMLP(h, la.intermediate_size, a.hidden_activation)
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps)
+        self.post_feedforward_layernorm = RMSNorm(h, eps)
+        self.layer_scalar = nn.Parameter(torch.ones(1))
+        self.act = a.hidden_activation
+        self.has_ple = bool(a.hidden_size_per_layer_input)
+        if self.has_ple:
+            self.per_layer_input_gate = Linear(h, a.hidden_size_per_layer_input)
+            self.per_layer_projection = Linear(a.hidden_size_per_layer_input, h)
+            self.post_per_layer_input_norm = RMSNorm(h, eps)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata,
+                per_layer_input: torch.Tensor | None) -> torch.Tensor:
+        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), meta))
+        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        if self.has_ple:  # per-layer input: gate(h) * this layer's slice of the token's PLE, projected back
+            gated = get_activation(self.act)(self.per_layer_input_gate(h)) * per_layer_input
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        return h * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, a: Gemma4Args) -> None:
+        super().__init__()
+        self.args = a
+        rotaries = {}
+        for la in a.layers:  # one table per layer type (each type has one head dim)
+            rotaries.setdefault(la.layer_type, RotaryEmbedding(la.head_dim, a.max_position_embeddings,
+                                                               a.ropes[la.layer_type]))
+        self.embed_tokens = ScaledEmbedding(a.vocab_size, a.hidden_size, a.hidden_size**0.5)
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(a, la, rotaries[la.layer_type]) for la in a.layers)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.ple_dim = a.hidden_size_per_layer_input
+        if self.ple_dim:
+            total = a.num_hidden_layers * self.ple_dim
+            self.embed_tokens_per_layer = ScaledEmbedding(a.vocab_size_per_layer_input, total, self.ple_dim**0.5)
+            self.per_layer_model_projection = Linear(a.hidden_size, total)
+            self.per_layer_projection_norm = RMSNorm(self.ple_dim, a.rms_norm_eps)
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """[T, L, P]: (RMSNorm(W embeds / sqrt(H)) + PLE(ids)) / sqrt(2), one slice per layer."""
+        shape = (input_ids.shape[0], self.args.num_hidden_layers, self.ple_dim)
+        projected = self.per_layer_model_projection(embeds) * self.args.hidden_size**-0.5
+        projected = self.per_layer_projection_norm(projected.reshape(shape))
+        return (projected + self.embed_tokens_per_layer(input_ids).reshape(shape)) * 2.0**-0.5
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        per_layer = self.per_layer_inputs(input_ids, h) if self.ple_dim else None
+        for i, layer in enumerate(self.layers):
+            h = layer(positions, h, meta, per_layer[:, i] if per_layer is not None else None)
+        return self.norm(h)
+
+
+PACKED = {
+    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+SKIPPED_PREFIXES = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+
+
+class Gemma4ForCausalLM(nn.Module):
+    def __init__(self, args: Gemma4Args) -> None:
+        super().__init__()
+        self.args = args
+        self.model = Gemma4Model(args)
+        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size)
+
+    @classmethod
+    def args_from_hf(cls, cfg: dict) -> Gemma4Args:
+        return args_from_hf(cfg)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = torch.nn.functional.linear(hidden, weight)
+        cap = self.args.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        specs: list[LayerCacheSpec] = []
+        for la in self.args.layers:
+            if la.donor is not None:
+                specs.append(SharedKVSpec(la.donor))
+            elif la.sliding_window:
+                specs.append(SlidingWindowSpec(la.num_kv_heads, la.head_dim, la.sliding_window))
+            else:
+                specs.append(FullAttentionSpec(la.num_kv_heads, la.head_dim))
+        return specs
+
+    def attention_layers(self) -> list[Gemma4Attention]:
+        return [layer.self_attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        shared = {i for i, la in enumerate(self.args.layers) if la.donor is not None}
+
+        def rename(name: str) -> str | None:
+            name = name.replace("model.language_model.", "model.", 1)
+            if name.startswith(SKIPPED_PREFIXES) or "rotary_emb" in name:
+                return None
+            if name == "lm_head.weight" and self.lm_head is None:
+                return None
+            parts = name.split(".")
+            if len(parts) > 4 and parts[1] == "layers" and int(parts[2]) in shared and parts[4] in (
+                    "k_proj", "v_proj", "k_norm", "v_norm"):
+                return None  # KV-shared layers ignore their own k/v weights, as transformers does
+            return name
+
+        return load_packed_weights(self, weights, PACKED, rename)
