@@ -238,3 +238,12 @@ def test_tools_and_chat_template_kwargs_reach_the_template(client, reference):
     assert r.json()["choices"][0]["message"]["content"] == expected
     plain = client.post("/v1/chat/completions", json={**body, "tools": None, "chat_template_kwargs": None}).json()
     assert plain["usage"]["prompt_tokens"] < len(ids)
+
+
+def test_sampling_fields_reach_the_sampler(client, reference):
+    fields = dict(temperature=0.8, top_p=0.9, top_k=50, min_p=0.01, presence_penalty=0.5, frequency_penalty=0.3,
+                  repetition_penalty=1.2, seed=42, min_tokens=3, stop_token_ids=[7])
+    r = client.post("/v1/completions", json={"prompt": "Mathematics describes", "max_tokens": 12, **fields})
+    expected = reference.generate("Mathematics describes", SamplingParams(max_tokens=12, **fields))[0].outputs[0]
+    assert r.json()["choices"][0]["text"] == expected.text
+    assert r.json()["usage"]["completion_tokens"] == len(expected.token_ids)

@@ -244,8 +244,12 @@ def fetch_model_name(cfg: BenchConfig) -> str:
     import httpx
 
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    response = httpx.get(cfg.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
-    response.raise_for_status()
+    url = cfg.base_url.rstrip("/") + "/v1/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=30)
+        response.raise_for_status()
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot list models at {url} ({e}); is the server up? Or pass --model") from None
     models = response.json().get("data") or []
     if not models:
         raise ValueError(f"{cfg.base_url}/v1/models lists no model; pass --model")
