@@ -55,3 +55,22 @@ def build_hybrid_model(name: str, out_dir: Path):
                 b.uniform_(0.5, 1.5)
     model.save_pretrained(out_dir)
     return model
+
+
+def build_multimodal_model(name: str, out_dir: Path):
+    """The same text config inside the family's image-text wrapper (tiny or no vision tower): checkpoint names
+    gain a `model.language_model.` prefix and carry tower weights the text engine must skip."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    model_type, overrides = HYBRID_CONFIGS[name]
+    text = {**BASE, **overrides}
+    if model_type == "qwen3_5_text":
+        cfg = AutoConfig.for_model("qwen3_5", text_config=text, tie_word_embeddings=text["tie_word_embeddings"],
+                                   vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                      out_hidden_size=64))
+    else:
+        cfg = AutoConfig.for_model("gemma4", text_config=text, vision_config=None, audio_config=None)
+    torch.manual_seed(1)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32).eval()
+    model.save_pretrained(out_dir)
+    return model

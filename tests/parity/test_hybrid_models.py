@@ -8,7 +8,7 @@ import torch
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.kv.state_pool import StateStep
-from tests.parity.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
+from tests.parity.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, build_multimodal_model
 
 NUM_GREEDY = 64
 TOL = 1e-4
@@ -147,3 +147,12 @@ def test_prefix_hit_after_chunked_prefill(hybrid):
     out = greedy(llm, [shorter], 16)[0]
     assert out.num_cached_tokens == (32 if llm.engine.runner.state_cache.layers else 64)
     assert out.outputs[0].token_ids == hf_greedy(hf, shorter, 16)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma4"])
+def test_multimodal_checkpoint_loads_language_model(name, tmp_path):
+    hf = build_multimodal_model(name, tmp_path)
+    ids = prompt(40, 8)
+    with torch.no_grad():
+        ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
+    assert (ember_logits(make_llm(tmp_path), ids) - ref).abs().max().item() <= TOL
