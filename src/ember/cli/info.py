@@ -20,7 +20,7 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
     import torch
 
     from ember.config import ModelConfig
-    from ember.kv.spec import kv_bytes_per_token
+    from ember.kv.spec import kv_bytes_per_token, state_bytes_per_slot
     from ember.models.registry import get_model_class
 
     cfg = ModelConfig.from_dir(model_dir, dtype, "cpu")
@@ -29,12 +29,17 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
         model = cls(cls.args_from_hf(cfg.hf_config))
     specs = model.cache_specs()
     kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
+    by_kind: collections.Counter = collections.Counter()
+    for s in specs:
+        by_kind[type(s).__name__.replace("Spec", "")] += s.bytes_per_token(cfg.dtype)
     return {
         "model": model_dir, "model_type": cfg.model_type, "architecture": cls.__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(cfg.dtype).removeprefix("torch."),
         "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
         "vocab_size": cfg.hf_config.get("vocab_size"),
         "kv_bytes_per_token": kv_bytes_per_token(specs, cfg.dtype),
+        "kv_bytes_per_token_by_kind": {k: v for k, v in by_kind.items() if v},
+        "state_bytes_per_sequence": state_bytes_per_slot(specs, cfg.dtype),  # recurrent layers' fixed state
     }
 
 
@@ -49,5 +54,7 @@ def run(args: argparse.Namespace) -> int:
             value = f"{value:,} ({value / 1e9:.2f} B)"
         elif key == "kv_bytes_per_token":
             value = f"{value:,} B ({value / 1024:.1f} KiB per token)"
+        elif key == "state_bytes_per_sequence" and value:
+            value = f"{value:,} B ({value / 2**20:.1f} MiB per running request or prefix snapshot)"
         print(f"{key:<{width}}  {value}")
     return 0
