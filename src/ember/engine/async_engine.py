@@ -30,6 +30,11 @@ class EngineStats:
     prefix_query_tokens: int
 
 
+def _put_all(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for stream, item in batch:
+        stream.put_nowait(item)
+
+
 class AsyncEngine:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
@@ -52,8 +57,8 @@ class AsyncEngine:
         """Streams deltas until the request finishes. Raises ValueError at once for a request that cannot run.
         Cancelling the consumer (client disconnect) aborts the request and frees its blocks."""
         self.core.validate(prompt_token_ids, params)
-        if self.error is not None:
-            raise RuntimeError(f"the engine has stopped: {self.error}")
+        if not self.is_running or self._stopped.is_set():
+            raise RuntimeError(f"the engine is not running{f': {self.error}' if self.error else ''}")
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = (asyncio.get_running_loop(), stream)
         self._send(("add", req_id, prompt_token_ids, params))
@@ -78,10 +83,17 @@ class AsyncEngine:
         self._wake.set()
 
     def _deliver(self, req_id: str, item) -> None:
-        target = self._streams.get(req_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, item)
+        self._deliver_many([(req_id, item)])
+
+    def _deliver_many(self, items: list[tuple[str, object]]) -> None:
+        """One wake-up per event loop per step, however many requests got output."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for req_id, item in items:
+            target = self._streams.get(req_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((target[1], item))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
 
     def _apply_commands(self) -> None:
         while True:
@@ -95,8 +107,10 @@ class AsyncEngine:
                     self.core.add_request(req_id, ids, params)
                 except Exception as e:  # noqa: BLE001 - reported to the caller, the engine goes on
                     self._deliver(req_id, e)
-            elif command[0] == "abort" and self.core.abort(command[1]):
-                self._deliver(command[1], RequestDelta(command[1], [], "", None, True, "abort"))
+            elif command[0] == "abort":
+                delta = self.core.abort(command[1])
+                if delta is not None:
+                    self._deliver(command[1], delta)
 
     def _loop(self) -> None:
         try:
@@ -106,13 +120,14 @@ class AsyncEngine:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
-                for delta in self.core.step():
-                    self._deliver(delta.req_id, delta)
+                self._deliver_many([(d.req_id, d) for d in self.core.step()])
+            self._apply_commands()  # aborts queued by shutdown still send their final delta
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiting request and /health
             log.exception("engine loop failed")
             self.error = e
-            for req_id in list(self._streams):
-                self._deliver(req_id, RuntimeError(f"engine failure: {e}"))
+        # nothing will answer the streams still open: end them instead of leaving them waiting
+        reason = f"engine failure: {self.error}" if self.error else "the engine has stopped"
+        self._deliver_many([(req_id, RuntimeError(reason)) for req_id in list(self._streams)])
 
     def stats(self) -> EngineStats:
         s, pool = self.core.scheduler, self.core.kv.pool
@@ -126,7 +141,7 @@ class AsyncEngine:
             time.sleep(0.05)
         for req_id in list(self.core.scheduler.requests):
             self._send(("abort", req_id))
-        time.sleep(0.1)
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=30)
+        self.core.close()

@@ -117,10 +117,13 @@ class EngineCore:
         self.scheduler.add_request(request)
         self.outputs.add(request)
 
-    def abort(self, req_id: str) -> bool:
+    def abort(self, req_id: str) -> RequestDelta | None:
+        """Ends a request and frees its blocks; returns its final delta (with any held-back text), or None
+        if it was not running."""
         request = self.scheduler.finish(req_id, RequestStatus.FINISHED_ABORTED)
+        delta = self.outputs.delta(request, []) if request is not None and req_id in self.outputs.states else None
         self.outputs.remove(req_id)
-        return request is not None
+        return delta
 
     def close(self) -> None:
         """Stops tensor-parallel worker processes, if any."""
