@@ -5,6 +5,7 @@ matmul is not usable); with CUDA they run compiled, in float32 and bfloat16. Ski
 from __future__ import annotations
 
 import os
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -122,6 +123,13 @@ def _batch(query_lens: list[int], context_lens: list[int], heads: int, kv_heads:
     return q, pool, meta
 
 
+def reference_attention(q, pool, meta: AttentionMetadata, scale, window, softcap) -> torch.Tensor:
+    """The torch reference on CPU in float32 (the oracle; CPU is where the reference path runs)."""
+    tensors = {f.name: getattr(meta, f.name) for f in fields(meta)}
+    cpu = replace(meta, **{k: v.cpu() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    return ref_attn.paged_attention(q.cpu().float(), pool.cpu().float(), cpu, scale, window, softcap).to(q.device)
+
+
 ATTN_CASES = [  # heads, kv_heads, head_dim, window, softcap
     (4, 2, 16, None, None), (8, 1, 32, None, None), (6, 6, 24, None, None), (4, 2, 16, 24, None),
     (4, 2, 16, None, 30.0),
@@ -136,7 +144,7 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
     context[0] = 0  # a sequence whose only token is the query
     q, pool, meta = _batch([1] * num_seqs, context, heads, kv_heads, head_dim, dtype, num_seqs + heads)
     scale = head_dim ** -0.5
-    ref = ref_attn.paged_attention(q, pool, meta, scale, window, softcap)
+    ref = reference_attention(q, pool, meta, scale, window, softcap)
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
 
 
@@ -147,5 +155,5 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
     query_lens, context = [37, 1, 20, 5, 1], [0, 40, 33, 0, 3]
     q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + head_dim)
     scale = head_dim ** -0.5
-    ref = ref_attn.paged_attention(q, pool, meta, scale, window, softcap)
+    ref = reference_attention(q, pool, meta, scale, window, softcap)
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)

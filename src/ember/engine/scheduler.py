@@ -123,6 +123,8 @@ class Scheduler:
         num_prompt = request.num_prompt_tokens
         if start + n <= num_prompt:
             tokens = request.prompt_token_ids[start:start + n]
+        elif n == 1:  # a decode step: no copy of the whole sequence
+            tokens = [request.token_at(start)]
         else:
             tokens = request.all_token_ids()[start:start + n]
         return ScheduledSeq(

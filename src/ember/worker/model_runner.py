@@ -48,6 +48,14 @@ class StepInputs:
     sample_seqs: list[ScheduledSeq]
 
 
+def _is_plain_greedy(seq: ScheduledSeq) -> bool:
+    """Greedy with nothing for the sampler to change before its argmax (no bias, bans, penalties, logprobs)."""
+    p = seq.params
+    return (p.is_greedy and p.logprobs is None and not p.logit_bias and p.repetition_penalty == 1.0
+            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+            and len(seq.output_token_ids) >= p.min_tokens)
+
+
 def _to_device(obj, device: torch.device):
     """A (nested) dataclass of host tensors on `device`, through pinned memory and non-blocking copies."""
     if isinstance(obj, torch.Tensor):
@@ -179,6 +187,9 @@ class ModelRunner:
         return result
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], result: ModelRunnerOutput) -> None:
+        if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata
+            result.sampled.update(zip((s.req_id for s in seqs), logits.argmax(dim=-1).tolist()))
+            return
         rows = [
             SamplingRow(s.params, s.seed, len(s.output_token_ids), s.prompt_token_ids, s.output_token_ids,
                         (s.eos_token_ids if not s.params.ignore_eos else []) + s.params.stop_token_ids)
