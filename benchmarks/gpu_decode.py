@@ -140,6 +140,24 @@ def profile_graph_step(llm, batch: int, log) -> None:
         + prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
 
 
+def profile_host(llm, batch: int, vocab: int, log) -> None:
+    """Python time of a short decode run at this batch (cProfile, top functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    from ember import SamplingParams
+
+    prompts = make_prompts(batch, 128, vocab, seed=5)
+    prof = cProfile.Profile()
+    prof.enable()
+    llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    log(f"host profile, batch {batch}, 32 steps:\n" + text.getvalue())
+
+
 def bench_prefill(llm, prompt_len: int, vocab: int) -> dict:
     from ember import SamplingParams
 
@@ -226,6 +244,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     if args.profile:
         for batch in (1, max(batches)):
             profile_graph_step(llm, batch, log)
+        profile_host(llm, max(batches), vocab, log)
     try:
         p = bench_prefill(llm, min(args.prefill_len, max_model_len - 1), vocab)
         flops = prefill_flops(cfg, body_params, p["prefill_tokens"])
