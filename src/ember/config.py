@@ -91,6 +91,9 @@ class CacheConfig:
     num_blocks: int | None = None  # set by the runner once sized
     # hybrid models' recurrent-state slots: one per running request plus prefix-cache snapshots (engine-set)
     num_state_slots: int | None = None
+    # the scheduler's limits (engine-set), which bound what sliding-window layers can hold at once
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

@@ -39,6 +39,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first admission; -1 until admitted
     block_ids: list[int] = field(default_factory=list)
+    group_block_ids: list[list[int]] = field(default_factory=list)  # KV groups after the first (sliding windows)
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     stop_reason: int | str | None = None

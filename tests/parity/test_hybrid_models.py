@@ -44,9 +44,10 @@ def prompt(n: int, seed: int) -> list[int]:
 def ember_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """Full-sequence logits through the paged runner (one prefill of the whole prompt, fresh state slot 0)."""
     runner = llm.engine.runner
-    num_blocks = -(-len(ids) // runner.block_size)
+    blocks = list(range(1, -(-len(ids) // runner.block_size) + 1))
     state = StateStep(-1, 0) if runner.state_cache.layers else None
-    seq = ScheduledSeq("x", ids, 0, list(range(1, num_blocks + 1)), False, SamplingParams(), 0, ids, [], [], state)
+    groups = [blocks for _ in runner.kv_groups[1:]] or None  # sliding windows' own block tables
+    seq = ScheduledSeq("x", ids, 0, blocks, False, SamplingParams(), 0, ids, [], [], state, groups)
     inputs = runner._prepare(SchedulerOutput([seq], len(ids), []))
     with torch.inference_mode():
         return runner.model.compute_logits(runner.model(inputs.input_ids, inputs.positions, inputs.meta)).float()
@@ -156,3 +157,23 @@ def test_multimodal_checkpoint_loads_language_model(name, tmp_path):
     with torch.no_grad():
         ref = hf(input_ids=torch.tensor([ids])).logits[0].float()
     assert (ember_logits(make_llm(tmp_path), ids) - ref).abs().max().item() <= TOL
+
+
+def test_sliding_window_layers_hold_only_their_window(hybrid_models):
+    """Gemma 4's sliding layers keep their own small pool and release blocks that leave the window; the global
+    layers' pool (sized by what is left) holds the whole sequence. Tokens still match transformers."""
+    model_dir, hf = hybrid_models("gemma4")
+    llm = make_llm(model_dir, enable_prefix_caching=False)
+    engine, runner = llm.engine, llm.engine.runner
+    assert [g.window for g in runner.kv_groups] == [None, 20]
+    assert runner.group_num_blocks[1] < runner.group_num_blocks[0]
+    ids = prompt(70, 9)
+    engine.add_request("r", ids, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    tokens, held = [], []
+    while engine.has_unfinished():
+        for delta in engine.step():
+            tokens += delta.new_token_ids
+        held.append((engine.kv.pool.num_used_blocks, engine.kv.groups[1].pool.num_used_blocks))
+    assert tokens == hf_greedy(hf, ids, 40)
+    full, sliding = zip(*held[:-1])  # the last step finished the request and freed everything
+    assert max(full) == -(-(70 + 39) // 16) and max(sliding[1:]) <= 3  # 20-token window over 16-token blocks

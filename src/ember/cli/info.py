@@ -20,7 +20,8 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
     import torch
 
     from ember.config import ModelConfig
-    from ember.kv.spec import kv_bytes_per_token, state_bytes_per_slot
+    from ember.config import CacheConfig
+    from ember.kv.spec import kv_groups, state_bytes_per_slot
     from ember.models.registry import get_model_class
 
     cfg = ModelConfig.from_dir(model_dir, dtype, "cpu")
@@ -29,6 +30,7 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
         model = cls(cls.args_from_hf(cfg.hf_config))
     specs = model.cache_specs()
     kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
+    groups, block_size = kv_groups(specs), CacheConfig().block_size
     by_kind: collections.Counter = collections.Counter()
     for s in specs:
         by_kind[type(s).__name__.replace("Spec", "")] += s.bytes_per_token(cfg.dtype)
@@ -37,8 +39,12 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
         "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(cfg.dtype).removeprefix("torch."),
         "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
         "vocab_size": cfg.hf_config.get("vocab_size"),
-        "kv_bytes_per_token": kv_bytes_per_token(specs, cfg.dtype),
+        # what grows with the context: full-attention layers; sliding layers stop at their window
+        "kv_bytes_per_token": sum(g.bytes_per_token(specs, cfg.dtype) for g in groups if g.window is None),
         "kv_bytes_per_token_by_kind": {k: v for k, v in by_kind.items() if v},
+        "sliding_kv_bytes_per_sequence": {
+            g.window: g.bytes_per_token(specs, cfg.dtype) * (-(-(g.window - 1) // block_size) + 2) * block_size
+            for g in groups if g.window is not None},
         "state_bytes_per_sequence": state_bytes_per_slot(specs, cfg.dtype),  # recurrent layers' fixed state
     }
 
@@ -54,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             value = f"{value:,} ({value / 1e9:.2f} B)"
         elif key == "kv_bytes_per_token":
             value = f"{value:,} B ({value / 1024:.1f} KiB per token)"
+        elif key == "sliding_kv_bytes_per_sequence" and value:
+            value = ", ".join(f"window {w}: at most {b:,} B" for w, b in value.items())
         elif key == "state_bytes_per_sequence" and value:
             value = f"{value:,} B ({value / 2**20:.1f} MiB per running request or prefix snapshot)"
         print(f"{key:<{width}}  {value}")

@@ -12,7 +12,7 @@ from ember.engine.output_processor import OutputProcessor
 from ember.engine.outputs import RequestDelta
 from ember.engine.scheduler import Scheduler
 from ember.kv.block_pool import BlockPool
-from ember.kv.managers import KVCacheManager
+from ember.kv.managers import BlockGroup, KVCacheManager
 from ember.kv.prefix_hash import cache_namespace, file_fingerprint
 from ember.kv.state_pool import RecurrentStatePool
 from ember.request import Request, RequestStatus
@@ -44,6 +44,8 @@ class EngineCore:
         self.sched_cfg = sched_cfg or SchedulerConfig(max_model_len=model_cfg.max_model_len)
         self.sched_cfg.max_model_len = min(self.sched_cfg.max_model_len, model_cfg.max_model_len)
         self.tokenizer = tokenizer
+        self.cache_cfg.max_num_seqs = self.sched_cfg.max_num_seqs  # bounds fixed per-request caches
+        self.cache_cfg.max_num_batched_tokens = self.sched_cfg.max_num_batched_tokens
         if self.cache_cfg.num_state_slots is None:  # hybrid models: a slot per running request (+ as many snapshots)
             self.cache_cfg.num_state_slots = self.sched_cfg.max_num_seqs * (2 if self.cache_cfg.enable_prefix_caching else 1)
         if tensor_parallel_size < 1:
@@ -59,10 +61,18 @@ class EngineCore:
                                         + _as_list(model_cfg.hf_config.get("eos_token_id"))))
         extra = f"dummy:{model_cfg.seed}" if model_cfg.load_format == "dummy" else ""
         self.namespace = cache_namespace(file_fingerprint(model_cfg.model, extra), str(model_cfg.dtype))
-        pool = BlockPool(self.runner.num_blocks, self.cache_cfg.enable_prefix_caching)
-        self.kv = KVCacheManager(pool, self.cache_cfg.block_size, self.namespace, self._state_pool())
+        self.kv = self._kv_manager()
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.outputs = OutputProcessor(tokenizer)
+
+    def _kv_manager(self) -> KVCacheManager:
+        """One block pool per KV group of the runner (full attention, then each sliding window)."""
+        caching = self.cache_cfg.enable_prefix_caching
+        windows = [g.window for g in getattr(self.runner, "kv_groups", [])] or [None]
+        sizes = getattr(self.runner, "group_num_blocks", [self.runner.num_blocks])
+        sliding = [BlockGroup(BlockPool(n, caching), w) for n, w in zip(sizes[1:], windows[1:])]
+        return KVCacheManager(BlockPool(sizes[0], caching), self.cache_cfg.block_size, self.namespace,
+                              self._state_pool(), windows[0], sliding)
 
     def _state_pool(self) -> RecurrentStatePool | None:
         if not getattr(self.runner, "state_bytes", 0):  # attention-only model (or a runner without state)

@@ -28,6 +28,7 @@ class ScheduledSeq:
     output_token_ids: list[int]
     eos_token_ids: list[int]
     state: StateStep | None = None  # recurrent-state slots (hybrid models only)
+    group_block_ids: list[list[int]] | None = None  # block tables of KV groups after the first (sliding windows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class Scheduler:
         return ScheduledSeq(
             request.req_id, tokens, start, request.block_ids, start + n == request.num_tokens, request.params,
             request.seed, request.prompt_token_ids, request.output_token_ids, request.eos_token_ids,
-            self.kv.plan_state(request, n),
+            self.kv.plan_state(request, n), request.group_block_ids or None,
         )
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:

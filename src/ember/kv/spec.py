@@ -75,3 +75,40 @@ def kv_bytes_per_token(specs: list[LayerCacheSpec], dtype: torch.dtype) -> int:
 def state_bytes_per_slot(specs: list[LayerCacheSpec], dtype: torch.dtype) -> int:
     """Bytes of one request's recurrent state over all layers (0 for attention-only models)."""
     return sum(s.bytes_per_slot(dtype) for s in specs if isinstance(s, RecurrentStateSpec))
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """Layers whose KV shares one block table and pool: all full-attention layers, or the sliding-window layers
+    of one window (whose blocks are released once they fall out of the window)."""
+
+    window: int | None
+    layer_ids: tuple[int, ...]  # the layers owning KV tensors (shared layers read their donor's)
+
+    def bytes_per_token(self, specs: list[LayerCacheSpec], dtype: torch.dtype) -> int:
+        return sum(specs[i].bytes_per_token(dtype) for i in self.layer_ids)
+
+
+def kv_groups(specs: list[LayerCacheSpec]) -> list[KVGroup]:
+    """Full-attention layers first (group 0, whose block table is the request's main one), then one group per
+    sliding window; a model with only sliding layers has its smallest window as group 0. Attention-only models
+    with full attention everywhere have exactly one group."""
+    by_window: dict[int | None, list[int]] = {}
+    for i, spec in enumerate(specs):
+        if isinstance(spec, (FullAttentionSpec, SlidingWindowSpec)):
+            by_window.setdefault(spec.window if isinstance(spec, SlidingWindowSpec) else None, []).append(i)
+    order = sorted(by_window, key=lambda w: -1 if w is None else w)
+    return [KVGroup(w, tuple(by_window[w])) for w in order]
+
+
+def layer_kv_groups(specs: list[LayerCacheSpec], groups: list[KVGroup]) -> list[int | None]:
+    """Each layer's group index (shared layers: their donor's; recurrent layers: None)."""
+    owner = {i: g for g, group in enumerate(groups) for i in group.layer_ids}
+    return [owner.get(s.donor_layer if isinstance(s, SharedKVSpec) else i) for i, s in enumerate(specs)]
+
+
+def sliding_group_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Blocks a sliding-window group can ever hold at once: each running request's window plus the block being
+    filled, and the step's new tokens; doubled so released blocks stay cached for prefix hits a while."""
+    per_request = -(-(window - 1) // block_size) + 2
+    return 2 * (max_num_seqs * per_request + -(-max_num_batched_tokens // block_size)) + 1

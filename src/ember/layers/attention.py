@@ -48,9 +48,11 @@ class Attention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
         self.softcap = softcap
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+        self.kv_group = 0  # the KV group (block table) of this layer's cache, bound with it
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
+        meta = meta.for_group(self.kv_group)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
         has_norm, rotary = self.q_norm is not None, self.rotary
         # q/k norm, rotary and the KV write are one op (one kernel on CUDA)

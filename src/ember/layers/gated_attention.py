@@ -28,9 +28,11 @@ class GatedAttention(nn.Module):
         self.rotary = rotary
         self.scale = head_dim**-0.5
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+        self.kv_group = 0  # the KV group (block table) of this layer's cache, bound with it
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
+        meta = meta.for_group(self.kv_group)
         q_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q.contiguous())

@@ -175,9 +175,11 @@ class Gemma4Attention(nn.Module):
         self.rotary = rotary
         self.sliding_window = la.sliding_window
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner (the donor's, for shared layers)
+        self.kv_group = 0  # the KV group (block table) of this layer's cache, bound with it
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
+        meta = meta.for_group(self.kv_group)
         qkv = self.qkv_proj(x)
         cos_sin, rot_dim = self.rotary.cos_sin(x.device), self.rotary.rot_dim
         q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))

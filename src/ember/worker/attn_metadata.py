@@ -28,6 +28,12 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
     state: StateMetadata | None = None  # recurrent-state slots, for hybrid models' linear-attention layers
+    # one metadata per KV group (kv/spec.kv_groups) when there are several: same sequences, the group's
+    # slot_mapping and block_tables; groups[0] is this object
+    groups: list[AttentionMetadata] | None = None
+
+    def for_group(self, group: int) -> AttentionMetadata:
+        return self if group == 0 else self.groups[group]
 
     @property
     def num_seqs(self) -> int:

@@ -9,7 +9,8 @@ import torch
 
 from ember import ops
 from ember.config import CacheConfig, ModelConfig
-from ember.kv.spec import LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_bytes_per_token, state_bytes_per_slot
+from ember.kv.spec import (LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_groups, layer_kv_groups,
+                           sliding_group_blocks, state_bytes_per_slot)
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
@@ -79,25 +80,41 @@ class ModelRunner:
         self.block_size = cache_cfg.block_size
         self.model = load_model(model_cfg, progress)
         self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
+        self.kv_groups = kv_groups(self.cache_specs)  # full attention, then one group per sliding window
+        self.layer_groups = layer_kv_groups(self.cache_specs, self.kv_groups)
         self.num_blocks = cache_cfg.num_blocks or get_tp().min_int(self._size_pool(), self.device)
         cache_cfg.num_blocks = self.num_blocks
+        # sliding groups after the first hold at most their windows' worth of blocks (kv/managers.py)
+        self.group_num_blocks = [self.num_blocks] + [min(self.num_blocks, self._sliding_blocks(g.window))
+                                                     for g in self.kv_groups[1:]]
         self.kv_caches = self._allocate_kv()
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches):
-            layer.kv_cache = cache
+        for layer, cache, group in zip(self.model.attention_layers(), self.kv_caches, self.layer_groups):
+            layer.kv_cache, layer.kv_group = cache, group or 0
         self.state_cache = self._allocate_state()
         self.sampler = Sampler()
         self.vocab_size = self.model.args.vocab_size
         self.graphs: CudaGraphRunner | None = None
-        # recurrent-state metadata is not graph-captured yet: hybrid models run eagerly
+        # recurrent-state and KV-group metadata are not graph-captured yet: hybrid models run eagerly
         if (self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"
-                and not self.state_cache.layers):
+                and not self.state_cache.layers and len(self.kv_groups) <= 1):
             max_blocks = -(-model_cfg.max_model_len // self.block_size)
             self.graphs = CudaGraphRunner(self.model, GRAPH_BATCH_SIZES[-1], max_blocks, self.block_size, self.device)
             self.graphs.capture()
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.cache_specs, self.dtype)
+        """Per token of group 0 (full attention, or the only sliding window): what the block pool is sized by."""
+        return self.kv_groups[0].bytes_per_token(self.cache_specs, self.dtype) if self.kv_groups else 0
+
+    def _sliding_blocks(self, window: int) -> int:
+        c = self.cache_cfg
+        return sliding_group_blocks(window, self.block_size, c.max_num_seqs, c.max_num_batched_tokens)
+
+    @property
+    def sliding_bytes(self) -> int:
+        """Memory of the sliding-window groups after the first, capped by their windows, not by the context."""
+        return sum(self._sliding_blocks(g.window) * self.block_size * g.bytes_per_token(self.cache_specs, self.dtype)
+                   for g in self.kv_groups[1:])
 
     @property
     def state_bytes(self) -> int:
@@ -114,22 +131,23 @@ class ModelRunner:
             budget = free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
         else:
             budget = CPU_DEFAULT_KV_GB * 2**30
-        if self.state_bytes > budget / 2:
-            raise ValueError(f"recurrent state for {self.cache_cfg.num_state_slots} slots needs {self.state_bytes / 2**30:.2f} "
-                             f"GiB, over half of the {budget / 2**30:.2f} GiB cache budget; lower max_num_seqs or give "
-                             "the cache more memory")
-        return max(2, int((budget - self.state_bytes) // per_block))
+        fixed = self.state_bytes + self.sliding_bytes
+        if fixed > budget / 2:
+            raise ValueError(f"recurrent state ({self.state_bytes / 2**30:.2f} GiB for {self.cache_cfg.num_state_slots} "
+                             f"slots) and sliding windows ({self.sliding_bytes / 2**30:.2f} GiB) need over half of the "
+                             f"{budget / 2**30:.2f} GiB cache budget; lower max_num_seqs or give the cache more memory")
+        return max(2, int((budget - fixed) // per_block))
 
     def _allocate_kv(self) -> list[torch.Tensor]:
         caches: list[torch.Tensor] = []
-        for spec in self.cache_specs:
+        for spec, group in zip(self.cache_specs, self.layer_groups):
             if isinstance(spec, SharedKVSpec):
                 caches.append(caches[spec.donor_layer])
                 continue
             if isinstance(spec, RecurrentStateSpec):  # state slots, see _allocate_state
                 caches.append(None)
                 continue
-            shape = (2, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+            shape = (2, self.group_num_blocks[group], self.block_size, spec.num_kv_heads, spec.head_dim)
             caches.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
         return caches
 
@@ -169,7 +187,19 @@ class ModelRunner:
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
             state=StateMetadata.build(out.seqs, dev),
         )
+        if len(self.kv_groups) > 1:
+            meta.groups = [meta] + [self._group_meta(meta, out, g, t) for g in range(1, len(self.kv_groups))]
         return StepInputs(t(input_ids, torch.int64), t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
+
+    def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t) -> AttentionMetadata:
+        """The step's metadata with KV group `group`'s slots and block tables."""
+        bs, slots = self.block_size, []
+        for seq in out.seqs:
+            ids = seq.group_block_ids[group - 1]
+            slots += [ids[p // bs] * bs + p % bs for p in range(seq.start_pos, seq.start_pos + len(seq.token_ids))]
+        width = max(-(-s // bs) for s in meta.seq_lens_cpu)
+        tables = [(ids := seq.group_block_ids[group - 1][:width]) + [0] * (width - len(ids)) for seq in out.seqs]
+        return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
