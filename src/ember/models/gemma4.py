@@ -107,6 +107,7 @@ def _rope_for(cfg: dict, layer_type: str, max_pos: int) -> RopeParams:
 
 
 def args_from_hf(cfg: dict) -> Gemma4Args:
+    """Missing keys take transformers' Gemma4TextConfig defaults."""
     if cfg.get("use_bidirectional_attention") == "all":
         raise ValueError("Gemma 4 with use_bidirectional_attention='all' is not a causal LM; not supported")
     if cfg.get("enable_moe_block"):
@@ -121,8 +122,8 @@ def args_from_hf(cfg: dict) -> Gemma4Args:
         is_sliding = t == "sliding_attention"
         intermediate = c["intermediate_size"] * (2 if cfg.get("use_double_wide_mlp") and donors[i] is not None else 1)
         layers.append(Gemma4LayerArgs(
-            layer_type=t, head_dim=c.get("head_dim") or cfg["hidden_size"] // heads,
-            num_kv_heads=c.get("num_key_value_heads") or heads, intermediate_size=intermediate,
+            layer_type=t, head_dim=c.get("head_dim", 256), num_kv_heads=c.get("num_key_value_heads", 4),
+            intermediate_size=intermediate,
             sliding_window=c.get("sliding_window", 512) if is_sliding else None, donor=donors[i],
             has_v_proj=not (cfg.get("attention_k_eq_v", False) and not is_sliding),
         ))
@@ -134,8 +135,8 @@ def args_from_hf(cfg: dict) -> Gemma4Args:
         hidden_activation=cfg.get("hidden_activation", "gelu_pytorch_tanh"),
         tie_word_embeddings=cfg.get("tie_word_embeddings", True), attention_bias=cfg.get("attention_bias", False),
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
-        vocab_size_per_layer_input=cfg.get("vocab_size_per_layer_input", cfg["vocab_size"]),
-        hidden_size_per_layer_input=cfg.get("hidden_size_per_layer_input") or 0,
+        vocab_size_per_layer_input=cfg.get("vocab_size_per_layer_input", 262_144),
+        hidden_size_per_layer_input=cfg.get("hidden_size_per_layer_input", 256) or 0,
         store_layers=sorted({d for d in donors if d is not None}),
     )
 

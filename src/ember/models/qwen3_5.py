@@ -117,6 +117,7 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     @classmethod
     def args_from_hf(cls, cfg: dict) -> Qwen3_5Args:
+        """Missing keys take transformers' Qwen3_5TextConfig defaults."""
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         max_pos = cfg.get("max_position_embeddings", 32768)
         rope_cfg = dict(cfg)
@@ -132,8 +133,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         )
         return Qwen3_5Args(
             vocab_size=cfg["vocab_size"], hidden_size=hidden, intermediate_size=cfg["intermediate_size"],
-            num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads, max_position_embeddings=max_pos, rms_norm_eps=eps,
+            num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads", 4),
+            head_dim=cfg.get("head_dim", 256), max_position_embeddings=max_pos, rms_norm_eps=eps,
             rope=RopeParams.from_hf(rope_cfg, max_pos), layer_types=layer_types_from_hf(cfg), delta=delta,
             hidden_act=cfg.get("hidden_act", "silu"), attention_bias=cfg.get("attention_bias", False),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
