@@ -217,6 +217,9 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     cfg = SHAPES[shape]
     vocab = cfg["vocab_size"]
     model_dir = str(make_demo_model(tempfile.mkdtemp(prefix=f"ember-{shape}-"), shape, with_weights=False))
+    # no detokenization: random weights emit ids far outside the demo tokenizer's 4k vocabulary, which its
+    # incremental detokenizer handles pathologically slowly (tokens are still counted, as in vLLM with detokenize=False)
+    (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
     max_model_len = min(cfg["max_position_embeddings"], args.prefill_len + 256)
     prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
     batches = [int(x) for x in args.batches.split(",")]

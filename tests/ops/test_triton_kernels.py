@@ -132,7 +132,7 @@ def reference_attention(q, pool, meta: AttentionMetadata, scale, window, softcap
 
 ATTN_CASES = [  # heads, kv_heads, head_dim, window, softcap
     (4, 2, 16, None, None), (8, 1, 32, None, None), (6, 6, 24, None, None), (4, 2, 16, 24, None),
-    (4, 2, 16, None, 30.0),
+    (4, 2, 16, None, 30.0), (4, 2, 64, None, None), (8, 2, 128, None, None),
 ]
 
 

@@ -40,11 +40,11 @@ class CudaGraphRunner:
         self.block_tables = torch.zeros(b, nb, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=device)
         self._table_stage = torch.zeros(b * nb, dtype=torch.int32, device=device)
-        # pinned host staging; reused every step: the runner syncs on each step's sampled tokens, so the
-        # previous step's copies have finished before these are overwritten
+        # pinned host staging, reused every step once the previous step's copies have left it
         self._h_i64 = _pinned((3, b), torch.int64)  # input ids, positions, slots
         self._h_seq_lens = _pinned((b,), torch.int32)
         self._h_table = _pinned((b * nb,), torch.int32)
+        self._staged = torch.cuda.Event()  # the last step's copies out of the pinned staging buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -97,6 +97,7 @@ class CudaGraphRunner:
         of the graph's output, valid until the next replay)."""
         n, bs = len(seqs), self.block_size
         b = self.padded_size(n)
+        self._staged.synchronize()  # at once in the engine, which syncs on every step's sampled tokens
         h = self._h_i64.numpy()
         positions = [s.start_pos for s in seqs]
         h[0, :n] = [s.token_ids[0] for s in seqs]
@@ -118,6 +119,7 @@ class CudaGraphRunner:
         self.seq_lens[:b].copy_(self._h_seq_lens[:b], non_blocking=True)
         stage = self._table_stage[: b * cols]
         stage.copy_(self._h_table[: b * cols], non_blocking=True)
+        self._staged.record()
         self.block_tables[:b, :cols].copy_(stage.view(b, cols))
         self.graphs[b].replay()
         return self.logits[b][:n]
