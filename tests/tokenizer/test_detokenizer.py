@@ -125,5 +125,17 @@ def test_window_stays_small(demo_dir: Path, load_ember) -> None:
     detok = IncrementalDetokenizer(tok, [])
     for token_id in ids:
         detok.add([token_id])
-        assert len(detok.output_token_ids) - detok._prefix_offset <= 4  # O(1) work per token
+        assert len(detok._ids) - detok._prefix_offset <= 4  # O(1) work per token
     assert detok.text == tok.decode(ids)
+
+
+def test_runs_of_specials_and_padded_vocab_ids_keep_the_window_small(demo_dir: Path, load_ember) -> None:
+    # models pad their vocabulary past the tokenizer's; such ids and skipped specials decode to nothing
+    tok = load_ember(demo_dir)
+    ids = tok.encode("Hello there") + [tok.eos_token_id] * 50 + [tok.vocab_size + 7] * 50 + tok.encode(" friend")
+    detok = IncrementalDetokenizer(tok, [])
+    for token_id in ids:
+        detok.add([token_id])
+        assert len(detok._ids) - detok._prefix_offset <= 4
+    assert detok.text + detok.finish() == tok.decode(ids)
+    assert len(detok.output_token_ids) == len(ids)

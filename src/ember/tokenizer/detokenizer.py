@@ -25,6 +25,10 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.num_prompt_tokens = len(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        # ids that can produce text: skipped specials and ids past the vocabulary (models pad their
+        # embedding tables) decode to nothing, and keeping them would grow the window without bound
+        self._ids: list[int] = []
+        self._vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
         self._prefix_offset = 0  # window start: first token of the last emitted chunk
         self._read_offset = 0  # tokens before this are already emitted
         self._pieces: list[str] = []
@@ -42,6 +46,9 @@ class IncrementalDetokenizer:
         new_text = []
         for token_id in new_token_ids:
             self.output_token_ids.append(token_id)
+            if token_id in self._skip_ids or not 0 <= token_id < self._vocab_size:
+                continue
+            self._ids.append(token_id)
             new_text.append(self._step())
         piece = "".join(new_text)
         if piece:
@@ -60,7 +67,7 @@ class IncrementalDetokenizer:
         return piece
 
     def _decode_window(self) -> tuple[str, str]:
-        window = self.output_token_ids[self._prefix_offset:]
+        window = self._ids[self._prefix_offset:]
         num_emitted = self._read_offset - self._prefix_offset
         skip = self.skip_special_tokens
         prefix_text = self._backend.decode(window[:num_emitted], skip_special_tokens=skip) if num_emitted else ""
@@ -74,7 +81,7 @@ class IncrementalDetokenizer:
         if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT_CHAR):
             return ""
         self._prefix_offset = self._read_offset
-        self._read_offset = len(self.output_token_ids)
+        self._read_offset = len(self._ids)
         return new_text[len(prefix_text):]
 
     def _ends_in_byte_token(self) -> bool:
@@ -82,7 +89,4 @@ class IncrementalDetokenizer:
         # into U+FFFD, so a run's text is final only once a non-byte token (that decode keeps) ends it.
         if not self._byte_ids:
             return False
-        for token_id in reversed(self.output_token_ids[self._read_offset:]):
-            if token_id not in self._skip_ids:
-                return token_id in self._byte_ids
-        return False
+        return bool(self._ids) and len(self._ids) > self._read_offset and self._ids[-1] in self._byte_ids
