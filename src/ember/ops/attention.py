@@ -100,7 +100,7 @@ def _prefill_one(q, kv_cache, block_ids, seq_len, scale, window, softcap) -> tor
     # [Hkv, group*M, D] with the M queries of each head contiguous
     qg = q.permute(1, 0, 2).reshape(hkv, group * m, d)
     out = _sdpa(qg[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask.repeat(group, 1)[None, None], scale, softcap)
-    return out[0].view(hq, m, d).transpose(0, 1)
+    return out[0].reshape(hq, m, d).transpose(0, 1)  # SDPA output may be strided on CUDA
 
 
 def paged_attention(
