@@ -47,3 +47,15 @@ def test_shards_and_errors():
         TPGroup(0, 3).shard(8)
     with pytest.raises(ValueError, match="tensor_parallel_size=0 must be >= 1"):
         LLM(None, tensor_parallel_size=0, progress=False)
+
+
+def test_models_without_tp_support_are_refused(tmp_path):
+    import json
+
+    from ember.demo import make_demo_model
+
+    d = make_demo_model(tmp_path / "m", "tiny")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_5_text"}))
+    with pytest.raises(ValueError, match="tensor parallelism is not supported for model_type 'qwen3_5_text'"):
+        LLM(str(d), tensor_parallel_size=2, progress=False)

@@ -14,7 +14,8 @@ from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SlidingWindowSpec
 from ember.layers.activation import gated_act
 from ember.layers.attention import Attention
 from ember.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from ember.layers.linear import Linear, MergedLinear, default_weight_loader
+from ember.layers.linear import Linear, MergedLinear
+from ember.layers.loading import load_packed_weights
 from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RopeParams, RotaryEmbedding
 from ember.parallel import get_tp, kv_head_shard
@@ -134,6 +135,8 @@ PACKED_MODULES = {
 class DecoderForCausalLM(nn.Module):
     """Base for Llama-family models; subclasses provide `args_from_hf(config: dict) -> DecoderArgs`."""
 
+    supports_tensor_parallel = True  # every projection is a column/row-parallel layer
+
     def __init__(self, args: DecoderArgs) -> None:
         super().__init__()
         self.args = args
@@ -163,21 +166,8 @@ class DecoderForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copies HF-named tensors into (fused) parameters; returns the filled "param:shard" keys."""
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None):
-                continue
-            target, shard = name, None
-            for hf_part, (fused, shard_id) in PACKED_MODULES.items():
-                if f".{hf_part}." in name:
-                    target, shard = name.replace(f".{hf_part}.", f".{fused}."), shard_id
-                    break
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} does not match any parameter of {type(self).__name__}")
-            module = modules[target.rsplit(".", 1)[0]]
-            loader = getattr(module, "weight_loader", default_weight_loader)
-            loader(params[target], tensor, shard, name=name)
-            loaded.add(f"{target}:{shard}")
-        return loaded
+        def rename(name: str) -> str | None:
+            skip = "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None)
+            return None if skip else name
+
+        return load_packed_weights(self, weights, PACKED_MODULES, rename)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ember.config import CacheConfig, ModelConfig
+from ember.models.registry import get_model_class
 from ember.parallel import init_tp, shutdown_tp
 from ember.worker.model_runner import ModelRunner
 
@@ -46,6 +47,10 @@ def _worker_main(rank: int, size: int, init_method: str, backend: str, model_cfg
 
 class TPExecutor:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, size: int, progress: bool = True) -> None:
+        cls = get_model_class(model_cfg.model_type)
+        if not getattr(cls, "supports_tensor_parallel", False):
+            raise ValueError(f"tensor parallelism is not supported for model_type {model_cfg.model_type!r} yet; "
+                             "use tensor_parallel_size=1")
         if model_cfg.device.type == "cuda" and torch.cuda.device_count() < size:
             raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs; {torch.cuda.device_count()} visible")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
