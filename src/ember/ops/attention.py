@@ -63,8 +63,9 @@ def _sdpa(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     # cache [num_blocks, bs, Hkv, D], block_ids [..., nb] -> [..., nb*bs, Hkv, D]
-    g = cache[block_ids]
-    return g.flatten(-4, -3)
+    # index_select on flat ids is several times faster than advanced indexing on CPU
+    g = cache.index_select(0, block_ids.reshape(-1))
+    return g.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, scale, window, softcap) -> torch.Tensor:
