@@ -2,7 +2,8 @@
 
 Shape: ~100M-parameter Qwen3 (hidden 768, 12 layers, 12 heads / 4 KV heads, vocab 32,000), bf16, random weights,
 128-token prompts. Batch 1 (one request) and 8 (8 concurrent requests through the engine's scheduler).
-Prints tok/s and the ratio ember / transformers; writes a JSON next to --out if given.
+Each engine runs --repeats times, alternating; the median run's tok/s is reported with the ratio ember /
+transformers; --out writes a JSON with every timing.
 
     python benchmarks/cpu_decode.py [--output-len 128] [--out benchmarks/results/DATE-cpu_decode.json]
 """
@@ -12,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 
@@ -19,31 +21,39 @@ import torch
 from tqdm import tqdm
 
 
-def bench_transformers(model_dir: str, prompts: list[list[int]], output_len: int) -> float:
+def transformers_runner(model_dir: str, prompts: list[list[int]], output_len: int):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     ids = torch.tensor(prompts)  # equal lengths: no padding needed
     kw = dict(do_sample=False, min_new_tokens=output_len, max_new_tokens=output_len, pad_token_id=0)
     model.generate(ids[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
-    start = time.perf_counter()
-    out = model.generate(ids, **kw)
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] == ids.shape[1] + output_len
-    return len(prompts) * output_len / elapsed
+
+    def run() -> None:
+        out = model.generate(ids, **kw)
+        assert out.shape[1] == ids.shape[1] + output_len
+
+    return run
 
 
-def bench_ember(model_dir: str, prompts: list[list[int]], output_len: int) -> float:
+def ember_runner(model_dir: str, prompts: list[list[int]], output_len: int):
     from ember import LLM, SamplingParams
 
     llm = LLM(model_dir, dtype="bfloat16", device="cpu", progress=False, enable_prefix_caching=False)
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     llm.generate([p[:16] for p in prompts], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+
+    def run() -> None:
+        outs = llm.generate(prompts, params)
+        assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
+
+    return run
+
+
+def timed(run) -> float:
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    assert all(len(o.outputs[0].token_ids) == output_len for o in outs)
-    return len(prompts) * output_len / elapsed
+    run()
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -51,6 +61,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each engine, alternating; median kept")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from ember.demo import make_demo_model
@@ -59,14 +70,20 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     rows = []
     batches = [int(b) for b in args.batches.split(",")]
-    with tqdm(total=2 * len(batches), desc="cpu_decode") as bar:
+    with tqdm(total=2 * len(batches) * args.repeats, desc="cpu_decode") as bar:
         for b in batches:
             prompts = torch.randint(10, 32000, (b, args.prompt_len), generator=gen).tolist()
-            hf = bench_transformers(model_dir, prompts, args.output_len)
-            bar.update(1)
-            ours = bench_ember(model_dir, prompts, args.output_len)
-            bar.update(1)
-            rows.append({"batch": b, "transformers_tok_s": hf, "ember_tok_s": ours, "ratio": ours / hf})
+            runners = {"transformers": transformers_runner(model_dir, prompts, args.output_len),
+                       "ember": ember_runner(model_dir, prompts, args.output_len)}
+            times: dict[str, list[float]] = {name: [] for name in runners}
+            for _ in range(args.repeats):  # alternate, so a noisy neighbour hits both alike
+                for name, run in runners.items():
+                    times[name].append(timed(run))
+                    bar.update(1)
+            # the median run of each: robust to a slow outlier on a shared machine
+            hf, ours = (b * args.output_len / statistics.median(times[n]) for n in ("transformers", "ember"))
+            rows.append({"batch": b, "transformers_tok_s": hf, "ember_tok_s": ours, "ratio": ours / hf,
+                         "times_s": times})
     print(f"\nCPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}, prompt {args.prompt_len}, output {args.output_len}")
     print(f"{'batch':>5} {'transformers tok/s':>19} {'ember tok/s':>12} {'ember/transformers':>19}")

@@ -68,21 +68,31 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return g.view(*block_ids.shape[:-1], block_ids.shape[-1] * cache.shape[1], *cache.shape[2:])
 
 
+def _decode_inputs(meta: AttentionMetadata, block_size: int, window: int | None, device) -> tuple:
+    """Flat block ids [B * nb] and key mask [B, 1, 1, L]: the same for every layer of a step, built once."""
+    key = ("decode", block_size, window)
+    if key not in meta.derived:
+        num_seqs = meta.num_seqs
+        num_blocks = -(-meta.max_seq_len // block_size)
+        blocks = meta.block_tables[:num_seqs, :num_blocks].reshape(-1).long()
+        pos = torch.arange(num_blocks * block_size, device=device)
+        seq_lens = meta.seq_lens[:num_seqs, None].long()
+        mask = pos[None, :] < seq_lens
+        if window:
+            mask &= pos[None, :] >= seq_lens - window
+        meta.derived[key] = (blocks, mask[:, None, None, :])
+    return meta.derived[key]
+
+
 def _decode(q, kv_cache, meta: AttentionMetadata, scale, window, softcap) -> torch.Tensor:
     # One query per sequence: fold the query heads of a KV group into the "query length" axis (no KV repeat).
     num_seqs, (hq, d) = meta.num_seqs, q.shape[1:]
     block_size, hkv = kv_cache.shape[2], kv_cache.shape[3]
-    num_blocks = -(-meta.max_seq_len // block_size)
-    blocks = meta.block_tables[:num_seqs, :num_blocks].long()
-    k = _gather(kv_cache[0], blocks).transpose(1, 2)  # [B, Hkv, L, D]
-    v = _gather(kv_cache[1], blocks).transpose(1, 2)
-    pos = torch.arange(k.shape[2], device=q.device)
-    seq_lens = meta.seq_lens[:num_seqs, None].long()
-    mask = pos[None, :] < seq_lens
-    if window:
-        mask &= pos[None, :] >= seq_lens - window
+    blocks, mask = _decode_inputs(meta, block_size, window, q.device)
+    kv = kv_cache.index_select(1, blocks)  # k and v of every block in one gather: [2, B * nb, bs, Hkv, D]
+    kv = kv.view(2, num_seqs, -1, hkv, d).transpose(2, 3).to(q.dtype)  # [2, B, Hkv, L, D]
     qg = q[:num_seqs].view(num_seqs, hkv, hq // hkv, d)
-    out = _sdpa(qg, k.to(q.dtype), v.to(q.dtype), mask[:, None, None, :], scale, softcap)
+    out = _sdpa(qg, kv[0], kv[1], mask, scale, softcap)
     return out.reshape(num_seqs, hq, d)
 
 

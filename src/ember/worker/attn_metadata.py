@@ -1,7 +1,7 @@
 """Attention metadata: the explicit description of one step's batch that every attention layer reads."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,6 +31,8 @@ class AttentionMetadata:
     # one metadata per KV group (kv/spec.kv_groups) when there are several: same sequences, the group's
     # slot_mapping and block_tables; groups[0] is this object
     groups: list[AttentionMetadata] | None = None
+    # values derived from this metadata once per step and shared by every layer (e.g. the decode mask)
+    derived: dict = field(default_factory=dict)
 
     def for_group(self, group: int) -> AttentionMetadata:
         return self if group == 0 else self.groups[group]

@@ -199,7 +199,7 @@ class ModelRunner:
             slots += [ids[p // bs] * bs + p % bs for p in range(seq.start_pos, seq.start_pos + len(seq.token_ids))]
         width = max(-(-s // bs) for s in meta.seq_lens_cpu)
         tables = [(ids := seq.group_block_ids[group - 1][:width]) + [0] * (width - len(ids)) for seq in out.seqs]
-        return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None)
+        return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
