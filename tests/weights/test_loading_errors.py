@@ -32,6 +32,14 @@ def test_malformed_config(model_copy):
         LLM(str(model_copy), progress=False)
 
 
+def test_missing_config_key_is_named(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    del cfg["hidden_size"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="lacks the required key 'hidden_size'"):
+        LLM(str(model_copy), progress=False)
+
+
 def test_unknown_model_type_lists_supported(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     (model_copy / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt_neox"}))

@@ -22,12 +22,12 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
     from ember.config import ModelConfig
     from ember.config import CacheConfig
     from ember.kv.spec import kv_groups, state_bytes_per_slot
-    from ember.models.registry import get_model_class
+    from ember.models.registry import get_model_class, model_args
 
     cfg = ModelConfig.from_dir(model_dir, dtype, "cpu")
     cls = get_model_class(cfg.model_type)
     with torch.device("meta"):
-        model = cls(cls.args_from_hf(cfg.hf_config))
+        model = cls(model_args(cls, cfg.hf_config))
     specs = model.cache_specs()
     kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
     groups, block_size = kv_groups(specs), CacheConfig().block_size

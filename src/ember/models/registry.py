@@ -28,3 +28,12 @@ def get_model_class(model_type: str):
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(supported_model_types())}")
     module, name = _MODELS[model_type]
     return getattr(importlib.import_module(module), name)
+
+
+def model_args(cls, hf_config: dict):
+    """The architecture's args from config.json; a missing required key is a clear error, not a KeyError."""
+    try:
+        return cls.args_from_hf(hf_config)
+    except KeyError as e:
+        raise ValueError(f"config.json (model_type {hf_config.get('model_type')!r}) lacks the required key "
+                         f"{e.args[0]!r}") from None

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ember.config import ModelConfig
 from ember.layers.linear import MergedLinear
-from ember.models.registry import get_model_class
+from ember.models.registry import get_model_class, model_args
 from ember.parallel import get_tp
 
 
@@ -94,7 +94,7 @@ def _dummy_init(model: nn.Module, seed: int) -> None:
 def load_model(cfg: ModelConfig, progress: bool = True) -> nn.Module:
     """Builds the architecture on the meta device, materialises it on cfg.device and fills it."""
     cls = get_model_class(cfg.model_type)
-    args = cls.args_from_hf(cfg.hf_config)
+    args = model_args(cls, cfg.hf_config)
     with torch.device("meta"):
         model = cls(args)
     model = model.to_empty(device=cfg.device).to(cfg.dtype)
