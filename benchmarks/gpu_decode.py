@@ -6,6 +6,8 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
 `generate` (eager, its default attention) at batch 1 and 64, prompt 128. Prints a table, writes JSON.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-3-8b] [--out benchmarks/results/NAME]
+    hybrid shapes (not yet measured; no CUDA graphs or Triton gated-delta kernels for them yet):
+    --shapes qwen3_5-default,gemma4-default
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
 "w+kv" column adds the KV bytes a step must read at the mean context length.
@@ -174,8 +176,12 @@ def bench_prefill(llm, prompt_len: int, vocab: int) -> dict:
 
 
 def prefill_flops(cfg: dict, num_params_body: int, n: int) -> float:
-    """Matmul FLOPs of the body for n tokens + causal attention + one row of logits."""
-    attn = 2 * n * n * cfg["num_attention_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"]  # QK^T + PV, causal
+    """Matmul FLOPs of the body for n tokens + causal attention + one row of logits. Hybrid configs count
+    attention for their full-attention layers only (linear-attention layers are linear in n; sliding layers
+    are left out, so their % of peak is a lower bound)."""
+    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+    num_full = sum(t == "full_attention" for t in types)
+    attn = 2 * n * n * cfg["num_attention_heads"] * cfg["head_dim"] * num_full  # QK^T + PV, causal
     return 2 * num_params_body * n + attn + 2 * cfg["hidden_size"] * cfg["vocab_size"]
 
 
@@ -223,7 +229,11 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     max_model_len = min(cfg["max_position_embeddings"], args.prefill_len + 256)
     prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
     batches = [int(x) for x in args.batches.split(",")]
-    kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    from ember.cli.info import model_summary
+
+    info = model_summary(model_dir, "bfloat16")
+    # every attention layer at full length: exact for full attention, an upper bound for sliding layers
+    kv_per_token = sum(info["kv_bytes_per_token_by_kind"].values())
     kv_gb = 1.1 * max(batches) * (max(prompt_lens) + OUTPUT_LEN) * kv_per_token / 2**30
     t0 = time.perf_counter()
     llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,

@@ -47,6 +47,27 @@ SHAPES: dict[str, dict] = {
     "llama-3-8b": {**_LLAMA3, "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                    "max_position_embeddings": 8192, "tie_word_embeddings": False},
+    # hybrid families: transformers' default text configs (config-only; run them with load_format="dummy")
+    "qwen3_5-default": {
+        "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+        "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
+        "attention_bias": False, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8},
+    "gemma4-default": {
+        "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+        "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rms_norm_eps": 1e-06,
+        "tie_word_embeddings": True, "attention_bias": False, "sliding_window": 512,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0}},
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5, "final_logit_softcapping": None,
+        "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
+        "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+        "per_layer_config": {f"{i:02d}": {"head_dim": 512} for i in (5, 11, 17, 23, 29)}},
 }
 ARCH_ALIASES = {"qwen3": "tiny", "llama": "tiny-llama"}
 WEIGHTS_BY_DEFAULT = {"tiny", "tiny-llama", "qwen3-100m"}
@@ -97,6 +118,9 @@ def make_demo_model(out_dir: str | Path, shape: str = "tiny", with_weights: bool
            "top_p": 0.8, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     if with_weights if with_weights is not None else shape in WEIGHTS_BY_DEFAULT:
+        if cfg["model_type"] not in ("qwen3", "llama"):
+            raise ValueError(f"random weights are written for the llama/qwen3 shapes only; run {shape!r} "
+                             "config-only with load_format='dummy' (--load-format dummy)")
         save_file(_random_weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
