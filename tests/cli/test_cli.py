@@ -50,3 +50,12 @@ def test_make_demo_model_and_bad_input(cache_dir, tmp_path):
     assert bad.returncode == 2 and "does not exist" in bad.stderr
     bad = ember("generate", str(tmp_path / "m"), "--temperature", "-1", cache_dir=cache_dir)
     assert bad.returncode == 2 and "temperature" in bad.stderr
+
+
+def test_hybrid_demo_shapes_are_config_only(cache_dir, tmp_path):
+    r = ember("make-demo-model", str(tmp_path / "g"), "--arch", "gemma4-default", cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr and not list((tmp_path / "g").glob("*.safetensors"))
+    info = ember("info", str(tmp_path / "g"), "--json", cache_dir=cache_dir)
+    assert json.loads(info.stdout)["layer_kinds"] == {"SlidingWindow": 25, "FullAttention": 5}
+    bad = ember("make-demo-model", str(tmp_path / "q"), "--arch", "qwen3_5-default", "--weights", cache_dir=cache_dir)
+    assert bad.returncode == 2 and "load_format='dummy'" in bad.stderr
