@@ -31,7 +31,8 @@ def test_generate_without_model_streams_labelled_demo_text(cache_dir):
 
 def test_generate_chat_greedy(cache_dir):
     r = ember("generate", "--chat", "--prompt", "hi", "--max-tokens", "8", "--temperature", "0", cache_dir=cache_dir)
-    assert r.returncode == 0, r.stderr and r.stdout.strip()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
 
 
 def test_info_reports_summary(cache_dir, demo_dir):
@@ -54,7 +55,8 @@ def test_make_demo_model_and_bad_input(cache_dir, tmp_path):
 
 def test_hybrid_demo_shapes_are_config_only(cache_dir, tmp_path):
     r = ember("make-demo-model", str(tmp_path / "g"), "--arch", "gemma4-default", cache_dir=cache_dir)
-    assert r.returncode == 0, r.stderr and not list((tmp_path / "g").glob("*.safetensors"))
+    assert r.returncode == 0, r.stderr
+    assert not list((tmp_path / "g").glob("*.safetensors"))
     info = ember("info", str(tmp_path / "g"), "--json", cache_dir=cache_dir)
     assert json.loads(info.stdout)["layer_kinds"] == {"SlidingWindow": 25, "FullAttention": 5}
     bad = ember("make-demo-model", str(tmp_path / "q"), "--arch", "qwen3_5-default", "--weights", cache_dir=cache_dir)
