@@ -122,21 +122,34 @@ async def _chat_events(state: ServerState, body: ChatCompletionRequest, req_id: 
 
     for i in range(body.n):
         yield sse(chunk(ChatStreamChoice(index=i, delta={"role": "assistant", "content": ""})))
+
+    def render(index: int, delta) -> ChatCompletionChunk | None:
+        logprobs = (lp.chat_logprobs(delta.new_logprobs, body.top_logprobs or 0)
+                    if body.logprobs and delta.new_logprobs else None)
+        if not (delta.new_text or logprobs or delta.finished):
+            return None  # text held back while it may still become a stop string
+        content = {"content": delta.new_text} if delta.new_text or logprobs else {}
+        return chunk(ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
+                                      finish_reason=delta.finish_reason))
+
+    async for line in _sse_stream(stream, usage, body.include_usage, header, render):
+        yield line
+
+
+async def _sse_stream(stream: AsyncIterator, usage: UsageCounter, include_usage: bool, header, render):
+    """The SSE body both OpenAI endpoints share: a chunk per delta that `render` turns into one (None skips
+    it), an in-band error once the stream has started, the optional usage chunk, then [DONE]."""
     async with aclosing(stream) as deltas:
         try:
             async for index, delta in deltas:
                 usage.add(index, delta)
-                logprobs = (lp.chat_logprobs(delta.new_logprobs, body.top_logprobs or 0)
-                            if body.logprobs and delta.new_logprobs else None)
-                if not (delta.new_text or logprobs or delta.finished):
-                    continue  # text held back while it may still become a stop string
-                content = {"content": delta.new_text} if delta.new_text or logprobs else {}
-                yield sse(chunk(ChatStreamChoice(index=index, delta=content, logprobs=logprobs,
-                                                 finish_reason=delta.finish_reason)))
+                out = render(index, delta)
+                if out is not None:
+                    yield sse(out)
         except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as vLLM does
             error = engine_error(e)
             yield sse_error(error.message, error.status)
-    if body.include_usage:
+    if include_usage:
         yield sse(header.model_copy(update={"usage": usage.usage()}))
     yield "data: [DONE]\n\n"
 
@@ -219,26 +232,20 @@ async def _completion_events(state: ServerState, body: CompletionRequest, req_id
     header = CompletionResponse(id=req_id, model=state.model_name, system_fingerprint=state.fingerprint, choices=[])
     builders = [lp.CompletionLogprobsBuilder() for _ in range(len(prompts) * body.n)]
     echoed: set[int] = set()
-    async with aclosing(stream) as deltas:
-        try:
-            async for index, delta in deltas:
-                usage.add(index, delta)
-                p, parts, text = index // body.n, [], delta.new_text
-                if body.echo and index not in echoed:
-                    echoed.add(index)
-                    text = texts[p] + text
-                    if body.logprobs is not None:
-                        parts.append(builders[index].prompt(prompts[p], delta.prompt_logprobs, _token_decoder(state)))
-                if body.logprobs is not None and delta.new_logprobs:
-                    parts.append(builders[index].output(delta.new_token_ids, delta.new_logprobs))
-                if not (text or parts or delta.finished):
-                    continue
-                choice = CompletionChoice(index=index, text=text, logprobs=lp.merge(parts) if parts else None,
-                                          finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
-                yield sse(header.model_copy(update={"choices": [choice]}))
-        except Exception as e:  # noqa: BLE001 - the stream has started: report in-band, as vLLM does
-            error = engine_error(e)
-            yield sse_error(error.message, error.status)
-    if body.include_usage:
-        yield sse(header.model_copy(update={"usage": usage.usage()}))
-    yield "data: [DONE]\n\n"
+    def render(index: int, delta) -> CompletionResponse | None:
+        p, parts, text = index // body.n, [], delta.new_text
+        if body.echo and index not in echoed:
+            echoed.add(index)
+            text = texts[p] + text
+            if body.logprobs is not None:
+                parts.append(builders[index].prompt(prompts[p], delta.prompt_logprobs, _token_decoder(state)))
+        if body.logprobs is not None and delta.new_logprobs:
+            parts.append(builders[index].output(delta.new_token_ids, delta.new_logprobs))
+        if not (text or parts or delta.finished):
+            return None
+        choice = CompletionChoice(index=index, text=text, logprobs=lp.merge(parts) if parts else None,
+                                  finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+        return header.model_copy(update={"choices": [choice]})
+
+    async for line in _sse_stream(stream, usage, body.include_usage, header, render):
+        yield line
