@@ -18,20 +18,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def hf_models(tmp_path_factory):
-    """name -> (model dir, transformers model) for the tiny configs of tests/parity/models.py, built once."""
-    from tests.parity.models import build_hf_model
-
+def model_builder_cache(tmp_path_factory, build):
+    """name -> (model dir, transformers model), each written by build(name, dir) once and then reused."""
     cache: dict = {}
 
     def get(name: str):
         if name not in cache:
             d = tmp_path_factory.mktemp(name)
-            cache[name] = (d, build_hf_model(name, d))
+            cache[name] = (d, build(name, d))
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """The tiny configs of tests/parity/models.py, built once per session."""
+    from tests.parity.models import build_hf_model
+
+    return model_builder_cache(tmp_path_factory, build_hf_model)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import torch
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.kv.state_pool import StateStep
+from tests.conftest import model_builder_cache
 from tests.parity.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, build_multimodal_model
 
 NUM_GREEDY = 64
@@ -16,15 +17,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def hybrid_models(tmp_path_factory):
-    cache: dict = {}
-
-    def get(name: str):
-        if name not in cache:
-            d = tmp_path_factory.mktemp(name)
-            cache[name] = (d, build_hybrid_model(name, d))
-        return cache[name]
-
-    return get
+    return model_builder_cache(tmp_path_factory, build_hybrid_model)
 
 
 @pytest.fixture(params=sorted(HYBRID_CONFIGS))
