@@ -157,3 +157,44 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
     scale = head_dim ** -0.5
     ref = reference_attention(q, pool, meta, scale, window, softcap)
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
+
+
+SKINNY_CASES = [  # m, n, k: one row (elementwise path) and several (tl.dot path), ragged n and k
+    (1, 64, 96), (1, 37, 200), (3, 50, 64), (8, 64, 130), (16, 33, 48),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", SKINNY_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear(dtype, m, n, k, bias):
+    from ember.ops import gemm as ref_linear
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = torch.randn(n, k, generator=g).to(DEVICE, dtype) / k ** 0.5
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
+    close(tri.linear(x, w, b), ref_linear.linear(x.float(), w.float(), None if b is None else b.float()), dtype)
+    # a strided view of x (as attention outputs or splits produce) reads the same values
+    wide = torch.randn(m, 2 * k, generator=g).to(DEVICE, dtype)
+    close(tri.linear(wide[:, :k], w), ref_linear.linear(wide[:, :k].float(), w.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", SKINNY_CASES)
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])
+def test_skinny_gated_linear(dtype, m, n, k, act):
+    from ember.ops import gemm as ref_linear
+    g = torch.Generator().manual_seed(m * 1000 + n + k + 7)
+    gate_up = (2 * torch.randn(m, 2 * k, generator=g)).to(DEVICE, dtype)
+    w = torch.randn(n, k, generator=g).to(DEVICE, dtype) / k ** 0.5
+    ref = ref_linear.gated_linear(gate_up.cpu(), w.cpu(), None, act).to(DEVICE)  # rounded where the kernel rounds
+    close(tri.gated_linear(gate_up, w, None, act), ref, dtype)
+
+
+def test_skinny_linear_falls_back_past_its_rows():
+    from ember.ops.triton import gemm as tri_linear
+    x = torch.randn(tri_linear.SKINNY_MAX_M + 1, 32, device=DEVICE)
+    w = torch.randn(24, 32, device=DEVICE)
+    assert torch.equal(tri.linear(x, w), torch.nn.functional.linear(x, w))
+    close(tri.gated_linear(torch.cat([x, x], -1), w, None, "silu"),
+          torch.nn.functional.linear(ref_act.silu_and_mul(torch.cat([x, x], -1)), w), x.dtype)

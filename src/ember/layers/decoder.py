@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SlidingWindowSpec
-from ember.layers.activation import gated_act
 from ember.layers.attention import Attention
 from ember.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from ember.layers.linear import Linear, MergedLinear
@@ -81,7 +80,7 @@ class GatedMLP(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gated_act(self.gate_up_proj(x), self.act))
+        return self.down_proj(self.gate_up_proj(x), act=self.act)
 
 
 class DecoderLayer(nn.Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ember import ops
 from ember.parallel import get_tp
 
 
@@ -57,10 +57,14 @@ class Linear(nn.Module):
         start = self.tp.shard(self.in_features if dim == 1 else self.out_features)[0]
         load_slice(param.data, loaded, dim, start, name, full)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        """act: x is a fused [..., 2 * in_features] gate/up projection and act(gate) * up is this layer's input
+        (a gated MLP's down projection, fused with its activation where a kernel does that)."""
+        bias = self.bias if self.parallel != "row" else None
+        out = ops.linear(x, self.weight, bias) if act is None else ops.gated_linear(x, self.weight, bias, act)
         if self.parallel != "row":
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return out
+        out = self.tp.all_reduce(out)
         return out if self.bias is None else out + self.bias
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ember import ops
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SharedKVSpec, SlidingWindowSpec
-from ember.layers.activation import get_activation
+from ember.ops.activation import get_activation
 from ember.layers.decoder import GatedMLP
 from ember.layers.linear import Linear, MergedLinear
 from ember.layers.loading import load_packed_weights

@@ -1,11 +1,30 @@
-"""Reference gated activation: SiLU(gate) * up over a fused [..., 2 * I] gate/up projection."""
+"""Reference gated activations over a fused [..., 2 * I] gate/up projection: act(gate) * up."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def get_activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {name!r}; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2 * I] -> [..., I]"""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gated(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """act(gate) * up, [..., 2 * I] -> [..., I], rounded to the input dtype after the activation and the product."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return get_activation(act)(gate) * up
