@@ -106,3 +106,39 @@ def recurrent_gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     state = state + k[..., None] * delta[..., None, :]
     out = (state * q[..., None]).sum(-2)
     return out.to(out_dtype), state
+
+
+def split_heads(x: torch.Tensor, num_k_heads: int, head_k_dim: int, num_v_heads: int,
+                head_v_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[N, conv_dim] -> q, k [N, Hv, Dk] (each key head serves Hv/Hk consecutive value heads), v [N, Hv, Dv]."""
+    key_dim = num_k_heads * head_k_dim
+    q, k, v = x.split([key_dim, key_dim, num_v_heads * head_v_dim], dim=-1)
+    rep = num_v_heads // num_k_heads
+    q = q.reshape(-1, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
+    k = k.reshape(-1, num_k_heads, head_k_dim).repeat_interleave(rep, dim=1)
+    return q, k, v.reshape(-1, num_v_heads, head_v_dim)
+
+
+def gated_delta_decode(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       conv_state: torch.Tensor, ssm_state: torch.Tensor, read_slots: torch.Tensor,
+                       write_slots: torch.Tensor) -> torch.Tensor:
+    """One decode token per sequence through a Gated DeltaNet layer's state slots: conv1d step + SiLU, q/k/v heads,
+    the gated delta rule step, and the new conv window and recurrent state written into the slots in place.
+
+    mixed: [B, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay, fp32), beta: [B, Hv];
+    conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32; read_slots, write_slots: [B]
+    int64 device tensors (read < 0: start from zeros). Returns the core output [B, Hv, Dv] in mixed's dtype.
+    Reads all happen before writes, so a sequence may read and write the same slot.
+    """
+    num_v_heads, head_k_dim, head_v_dim = ssm_state.shape[1:]
+    num_k_heads = (mixed.shape[1] - num_v_heads * head_v_dim) // (2 * head_k_dim)
+    reads = read_slots.clamp(min=0)
+    is_fresh = (read_slots < 0)[:, None, None]  # a one-token prompt starts from zeros
+    conv_in = conv_state[reads].masked_fill(is_fresh, 0)
+    ssm_in = ssm_state[reads].masked_fill(is_fresh[..., None], 0)
+    out, conv_new = causal_conv1d_step(mixed, conv_weight, conv_in)
+    q, k, v = split_heads(out, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    core, ssm_new = recurrent_gated_delta_step(q, k, v, g, beta, ssm_in)
+    conv_state.index_copy_(0, write_slots, conv_new.to(conv_state.dtype))
+    ssm_state.index_copy_(0, write_slots, ssm_new.to(ssm_state.dtype))
+    return core
