@@ -26,3 +26,19 @@ def test_state_exports_and_loads_by_name():
     for tensors in cache.layers.values():
         for t in tensors.values():
             assert torch.equal(t[3], t[1])
+
+
+def test_copy_slots_and_scratch_slot():
+    """copy_slots copies whole slots in every recurrent layer at once; one scratch slot lies past the pool's ids."""
+    cache = StateCache(SPECS, num_slots=4, dtype=torch.float32, device=torch.device("cpu"))
+    assert cache.scratch_slot == 4
+    for tensors in cache.layers.values():
+        for t in tensors.values():
+            assert t.shape[0] == 5
+            t.copy_(torch.randn(t.shape))
+    before = {(i, name): t.clone() for i, d in cache.layers.items() for name, t in d.items()}
+    cache.copy_slots(torch.tensor([0, 1]), torch.tensor([3, 2]))
+    for (i, name), old in before.items():
+        t = cache.layers[i][name]
+        assert torch.equal(t[3], old[0]) and torch.equal(t[2], old[1])
+        assert torch.equal(t[:2], old[:2]) and torch.equal(t[4], old[4])

@@ -2,6 +2,8 @@
 short causal depthwise conv over q/k/v, the gated delta rule with one value head group per key head, and a
 gated RMSNorm on the output. Its whole history is a fixed-size state per request (kv/spec.RecurrentStateSpec):
 conv window [conv_dim, K-1] and recurrent matrix [Hv, Dk, Dv] (fp32, as transformers keeps it).
+Prefill takes the snapshots due inside its chunk; a decode step reads only device slot ids (it is graph-captured)
+and the runner copies its snapshots afterwards (StateCache.copy_slots).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember import ops
 from ember.kv.spec import RecurrentStateSpec, StateTensor
 from ember.layers.linear import Linear, MergedLinear
 from ember.ops import gated_delta as gd
@@ -103,34 +106,13 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(core.reshape(num_tokens, a.value_dim))
 
     def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # [N, conv_dim] -> q, k [N, Hv, Dk] (each key head serves Hv/Hk consecutive value heads), v [N, Hv, Dv]
         a = self.a
-        q, k, v = mixed.split([a.key_dim, a.key_dim, a.value_dim], dim=-1)
-        rep = a.num_v_heads // a.num_k_heads
-        q = q.reshape(-1, a.num_k_heads, a.head_k_dim).repeat_interleave(rep, dim=1)
-        k = k.reshape(-1, a.num_k_heads, a.head_k_dim).repeat_interleave(rep, dim=1)
-        return q, k, v.reshape(-1, a.num_v_heads, a.head_v_dim)
+        return gd.split_heads(mixed, a.num_k_heads, a.head_k_dim, a.num_v_heads, a.head_v_dim)
 
     def _decode(self, mixed, beta, g, st: StateMetadata) -> torch.Tensor:
-        # one token per sequence, batched: [B, ...] states gathered from and scattered back to the slots
-        num_seqs = len(st.write_slots_cpu)
-        conv, ssm = self.state["conv"], self.state["ssm"]
-        reads, writes = st.read_slots, st.write_slots
-        conv_in, ssm_in = conv[reads.clamp(min=0)], ssm[reads.clamp(min=0)]
-        is_fresh = (reads < 0)[:, None, None]  # a one-token prompt starts from zeros
-        conv_in, ssm_in = conv_in.masked_fill(is_fresh, 0), ssm_in.masked_fill(is_fresh[..., None], 0)
-        out, conv_new = gd.causal_conv1d_step(mixed[:num_seqs], self.conv1d.weight[:, 0], conv_in)
-        q, k, v = self._split_heads(out)
-        core, ssm_new = gd.recurrent_gated_delta_step(q, k, v, g[:num_seqs], beta[:num_seqs], ssm_in)
-        conv.index_copy_(0, writes, conv_new.to(conv.dtype))
-        ssm.index_copy_(0, writes, ssm_new.to(ssm.dtype))
-        for i, snaps in enumerate(st.snapshots_cpu):
-            for _, slot in snaps:  # the only possible offset is the end of the one-token chunk
-                conv[slot].copy_(conv[st.write_slots_cpu[i]])
-                ssm[slot].copy_(ssm[st.write_slots_cpu[i]])
-        if core.shape[0] < mixed.shape[0]:  # padded tokens produce zeros
-            core = torch.cat([core, core.new_zeros(mixed.shape[0] - core.shape[0], *core.shape[1:])])
-        return core
+        # one token per sequence, device slot ids only (graph-capturable); the runner copies decode snapshots
+        return ops.gated_delta_decode(mixed, self.conv1d.weight[:, 0], g, beta, self.state["conv"], self.state["ssm"],
+                                      st.read_slots, st.write_slots)
 
     def _prefill(self, mixed, beta, g, meta: AttentionMetadata) -> torch.Tensor:
         st = meta.state

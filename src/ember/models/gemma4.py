@@ -156,7 +156,8 @@ class ScaledEmbedding(nn.Embedding):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = super().forward(ids)
-        return out * torch.tensor(self.scale, dtype=out.dtype, device=out.device)
+        # a Python float holding the rounded scale: a device scalar would be a host copy (not graph-capturable)
+        return out * torch.tensor(self.scale, dtype=out.dtype).item()
 
 
 class Gemma4Attention(nn.Module):

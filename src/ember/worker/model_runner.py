@@ -66,6 +66,13 @@ def _to_device(obj, device: torch.device):
     return obj
 
 
+def _device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
 def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
     ids, vals, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
     return [TokenLogprobs(ids[i], vals[i], ranks[i]) for i in range(n)]
@@ -94,12 +101,16 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = self.model.args.vocab_size
         self.graphs: CudaGraphRunner | None = None
-        # recurrent-state and KV-group metadata are not graph-captured yet: hybrid models run eagerly
-        if (self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"
-                and not self.state_cache.layers and len(self.kv_groups) <= 1):
-            max_blocks = -(-model_cfg.max_model_len // self.block_size)
-            self.graphs = CudaGraphRunner(self.model, GRAPH_BATCH_SIZES[-1], max_blocks, self.block_size, self.device)
+        if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
+            self.graphs = self.make_graph_runner(GRAPH_BATCH_SIZES[-1])
             self.graphs.capture()
+
+    def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True) -> CudaGraphRunner:
+        """Static decode buffers for this model's KV groups and state slots (use_graphs=False: no capture)."""
+        max_blocks = -(-self.model_cfg.max_model_len // self.block_size)
+        scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
+        return CudaGraphRunner(self.model, max_num_seqs, max_blocks, self.block_size, self.device,
+                               max(1, len(self.kv_groups)), scratch, use_graphs)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -119,7 +130,8 @@ class ModelRunner:
     @property
     def state_bytes(self) -> int:
         """Recurrent-state memory of hybrid models: every slot's state over all layers."""
-        return state_bytes_per_slot(self.cache_specs, self.dtype) * (self.cache_cfg.num_state_slots or 0)
+        num_slots = self.cache_cfg.num_state_slots or 0
+        return state_bytes_per_slot(self.cache_specs, self.dtype) * (num_slots + 1 if num_slots else 0)  # + scratch
 
     def _size_pool(self) -> int:
         per_block = max(1, self.kv_bytes_per_token * self.block_size)
@@ -177,9 +189,7 @@ class ModelRunner:
         dev = self.device
 
         def t(x, dtype):
-            if dev.type != "cuda":
-                return torch.tensor(x, dtype=dtype, device=dev)
-            return torch.tensor(x, dtype=dtype).pin_memory().to(dev, non_blocking=True)
+            return _device_tensor(x, dtype, dev)
 
         meta = AttentionMetadata(
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
@@ -205,16 +215,29 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         if self.graphs is not None and self.graphs.can_run(out.seqs):
             result = ModelRunnerOutput()
-            self._sample(self.graphs.run(out.seqs), out.seqs, result)
+            logits = self.graphs.run(out.seqs)
+            self._copy_decode_snapshots(out.seqs)
+            self._sample(logits, out.seqs, result)
             return result
         inputs = self._prepare(out)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        if inputs.meta.is_decode_only:  # prefill chunks took their snapshots inside the layers
+            self._copy_decode_snapshots(out.seqs)
         result = ModelRunnerOutput()
         self._prompt_logprobs(out, hidden, inputs, result)
         if inputs.sample_seqs:
             logits = self.model.compute_logits(hidden[inputs.sample_idx]).float()
             self._sample(logits, inputs.sample_seqs, result)
         return result
+
+    def _copy_decode_snapshots(self, seqs: list[ScheduledSeq]) -> None:
+        """A decode step's snapshots: each working slot with one due is copied into its snapshot slot (the state
+        after the step's one token), in every recurrent layer at once."""
+        pairs = [(s.state.write_slot, slot) for s in seqs if s.state is not None for _, slot in s.state.snapshots]
+        if pairs:
+            src, dst = zip(*pairs)
+            self.state_cache.copy_slots(_device_tensor(src, torch.int64, self.device),
+                                        _device_tensor(dst, torch.int64, self.device))
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], result: ModelRunnerOutput) -> None:
         if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata

@@ -16,7 +16,8 @@ from ember.kv.spec import LayerCacheSpec, RecurrentStateSpec
 
 @dataclass(slots=True)
 class StateMetadata:
-    """Per sequence of the step, in batch order."""
+    """Per sequence of the step, in batch order. Prefill reads the host lists; a decode-only step reads only the
+    device tensors (a captured graph's metadata has empty host lists) and leaves its snapshots to the runner."""
 
     read_slots_cpu: list[int]  # slot holding the state before this chunk; -1: start from zeros
     write_slots_cpu: list[int]  # the request's working slot, holding its state after this chunk
@@ -37,14 +38,24 @@ class StateMetadata:
 
 
 class StateCache:
-    """One [num_slots, *shape] tensor per state tensor of every recurrent layer."""
+    """One [num_slots + 1, *shape] tensor per state tensor of every recurrent layer. The extra slot past the pool's
+    ids (`scratch_slot`) is where padding rows of a graph-captured decode step write, like KV scratch block 0."""
 
     def __init__(self, specs: list[LayerCacheSpec], num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
         self.num_slots = num_slots
+        self.scratch_slot = num_slots
         self.layers: dict[int, dict[str, torch.Tensor]] = {
-            i: {t.name: torch.zeros((num_slots, *t.shape), dtype=t.dtype or dtype, device=device) for t in spec.tensors}
+            i: {t.name: torch.zeros((num_slots + 1, *t.shape), dtype=t.dtype or dtype, device=device)
+                for t in spec.tensors}
             for i, spec in enumerate(specs) if isinstance(spec, RecurrentStateSpec)
         }
+
+    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copies slot src_slots[i] into dst_slots[i] in every recurrent layer (e.g. working slots into the snapshot
+        slots a decode step took); dst_slots are distinct."""
+        for tensors in self.layers.values():
+            for t in tensors.values():
+                t.index_copy_(0, dst_slots, t.index_select(0, src_slots))
 
     def export(self, slot: int) -> dict[str, torch.Tensor]:
         """One slot's state as named tensors ("layers.{i}.{name}"): what a host/SSD tier or a checkpoint stores

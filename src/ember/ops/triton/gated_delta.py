@@ -26,24 +26,23 @@ def _conv_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, read_ptr, write_ptr, num
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col = tl.arange(0, K_PAD)
     ch_mask = ch < num_channels
-    dtype = w_ptr.dtype.element_ty
+    dtype = w_ptr.dtype.element_ty  # the reference computes in the weight's dtype: round where it rounds
     read = tl.load(read_ptr + seq)
     write = tl.load(write_ptr + seq)
-    x = tl.load(x_ptr + seq * stride_x + ch, mask=ch_mask, other=0.0).to(dtype)  # [BLOCK_C]
+    x = tl.load(x_ptr + seq * stride_x + ch, mask=ch_mask, other=0.0).to(dtype).to(tl.float32)  # [BLOCK_C]
     # read < 0: the slot-0 loads below are replaced by zeros (a fresh sequence)
     src = state_ptr + tl.maximum(read, 0) * stride_slot + ch[:, None] * stride_ch
     # the window [state | x]: column j < KERNEL-1 from the slot, column KERNEL-1 is this token
-    window = tl.load(src + col[None, :], mask=ch_mask[:, None] & (col[None, :] < KERNEL - 1), other=0.0).to(dtype)
-    window = tl.where(read >= 0, window, 0.0)
+    window = tl.load(src + col[None, :], mask=ch_mask[:, None] & (col[None, :] < KERNEL - 1), other=0.0)
+    window = tl.where(read >= 0, window.to(dtype).to(tl.float32), 0.0)
     window = tl.where(col[None, :] == KERNEL - 1, x[:, None], window)
     w = tl.load(w_ptr + ch[:, None] * stride_w + col[None, :], mask=ch_mask[:, None] & (col[None, :] < KERNEL),
-                other=0.0)
-    acc = tl.sum((window * w).to(tl.float32), axis=1).to(dtype).to(tl.float32)  # [BLOCK_C]
+                other=0.0).to(tl.float32)
+    acc = tl.sum((window * w).to(dtype).to(tl.float32), axis=1).to(dtype).to(tl.float32)  # [BLOCK_C]
     out = acc * tl.sigmoid(acc)
     # the new state is the window shifted by one: columns 1..KERNEL-1, read again from the slot
-    shifted = tl.load(src + col[None, :] + 1, mask=ch_mask[:, None] & (col[None, :] + 1 < KERNEL - 1),
-                      other=0.0).to(dtype)
-    shifted = tl.where(read >= 0, shifted, 0.0)
+    shifted = tl.load(src + col[None, :] + 1, mask=ch_mask[:, None] & (col[None, :] + 1 < KERNEL - 1), other=0.0)
+    shifted = tl.where(read >= 0, shifted.to(dtype).to(tl.float32), 0.0)
     shifted = tl.where(col[None, :] == KERNEL - 2, x[:, None], shifted)
     tl.debug_barrier()  # every thread's reads of the slot are done before any write (read may equal write)
     dst = state_ptr + write * stride_slot + ch[:, None] * stride_ch + col[None, :]

@@ -1,0 +1,109 @@
+"""What a captured decode graph reads, checked without CUDA: CudaGraphRunner(use_graphs=False) stages each decode
+step into its static buffers (every KV group's slot mapping and block table, the state slots, padding rows) and
+runs the forward on them. Hybrid models must generate exactly the eager path's greedy tokens: batch 3 padded to 4,
+decodes crossing block boundaries (decode snapshots), then a follow-up turn resuming from the cached prefix."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ember import LLM, SamplingParams, ops
+from tests.conftest import model_builder_cache
+from tests.parity.hybrid_models import build_hybrid_model
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
+PROMPT_LENS = (29, 45, 14)
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    return model_builder_cache(tmp_path_factory, build_hybrid_model)
+
+
+def make_llm(model_dir, **kwargs) -> LLM:
+    return LLM(str(model_dir), dtype="float32", device="cpu", progress=False, **kwargs)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def tokens_and_logprobs(outputs) -> list[tuple[list[int], list[float]]]:
+    return [(o.outputs[0].token_ids, [row[t].logprob for row, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
+            for o in outputs]
+
+
+def two_turns(llm: LLM) -> tuple[list, int]:
+    """Three prompts batched (29 + 24 tokens cross the block boundaries at 32 and 48 while decoding), then a
+    follow-up turn of the first, 49 tokens long: it resumes from the state snapshot its decode took at 48, and its
+    first token depends on that state. Returns each output's (token ids, logprobs) and the follow-up's cached tokens."""
+    prompts = [prompt(n, seed) for seed, n in enumerate(PROMPT_LENS)]
+    first = llm.generate(prompts, GREEDY)
+    follow_up = llm.generate([prompts[0] + first[0].outputs[0].token_ids[:20]], GREEDY)[0]
+    return tokens_and_logprobs(first + [follow_up]), follow_up.num_cached_tokens
+
+
+def assert_same(ours: list, ref: list) -> None:
+    """The same tokens, and logprobs within TOL."""
+    assert [tokens for tokens, _ in ours] == [tokens for tokens, _ in ref]
+    for (_, a), (_, b) in zip(ours, ref):
+        assert max(abs(x - y) for x, y in zip(a, b)) <= TOL
+
+
+def with_static_buffers(llm: LLM) -> list[int]:
+    """Routes the runner's decode steps through a non-captured graph runner (sizes 1, 2, 4); returns the batch
+    sizes it ran."""
+    runner = llm.engine.runner
+    graphs = runner.make_graph_runner(4, use_graphs=False)
+    sizes: list[int] = []
+    run = graphs.run
+    graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
+    runner.graphs = graphs
+    return sizes
+
+
+def assert_same_states(ours: LLM, ref: LLM) -> None:
+    """Every slot of the pool, working and snapshot, holds the same state: padding rows wrote only the scratch
+    slot past the pool's ids, and decode snapshots were copied (a padded batch's GEMMs round differently)."""
+    a, b = ours.engine.runner.state_cache, ref.engine.runner.state_cache
+    for i, tensors in a.layers.items():
+        for name, t in tensors.items():
+            torch.testing.assert_close(t[:a.num_slots], b.layers[i][name][:a.num_slots], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "gemma4"])
+def test_static_buffer_decode_equals_eager(name, hybrid_models):
+    model_dir, _ = hybrid_models(name)
+    eager, staged = make_llm(model_dir), make_llm(model_dir)
+    sizes = with_static_buffers(staged)
+    (ref, ref_cached), (ours, cached) = two_turns(eager), two_turns(staged)
+    assert_same(ours, ref)
+    assert 3 in sizes and 1 in sizes  # padded to 4, and the follow-up alone
+    assert cached == ref_cached == 48  # the follow-up resumed at the last block boundary its decode crossed
+    cold, _ = two_turns(make_llm(model_dir, enable_prefix_caching=False))
+    assert_same(cold[-1:], ref[-1:])  # the follow-up, computed from scratch
+    assert_same_states(staged, eager)
+
+
+def test_static_buffer_decode_with_triton_op(hybrid_models, monkeypatch):
+    """The Triton decode-step kernel (interpreted on CPU) in place of the reference, in a shorter batch whose
+    decodes still cross block boundaries (snapshots at 32 and 16)."""
+    pytest.importorskip("triton")
+    from ember.ops import triton as tri
+
+    model_dir, _ = hybrid_models("qwen3_5")
+    prompts = [prompt(n, seed) for seed, n in enumerate(PROMPT_LENS)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    eager, staged = make_llm(model_dir), make_llm(model_dir)
+    sizes = with_static_buffers(staged)
+    monkeypatch.setattr(ops, "gated_delta_decode", tri.gated_delta_decode)
+    ours, ref = staged.generate(prompts, params), eager.generate(prompts, params)
+    assert_same(tokens_and_logprobs(ours), tokens_and_logprobs(ref))
+    assert 3 in sizes
+    assert_same_states(staged, eager)
