@@ -15,7 +15,13 @@ Per full decode step (256 decodes) it reports, mean over the steps, median over 
   output    EngineCore.step after update: OutputProcessor.process / delta per request, finished removal
   rest      the remainder of EngineCore.step (step total minus the above)
   driver    LLM.generate's loop between steps (applying each delta to the RequestOutputs)
-  host      schedule + update + output + rest + driver
+  gc        the cyclic garbage collector, wherever it ran (the columns above exclude it); mostly the rare
+            full collections, whose cost grows with everything alive in the process (torch, the engine)
+  host      schedule + update + output + rest + driver + gc
+
+Rows: prefix caching off (gpu_decode's setting) and on; on with the demo tokenizer kept, so each new token is
+detokenized (the stub then samples ids inside its 4k vocabulary): what a server streaming text pays on top;
+on with the start-up heap frozen (gc.collect + gc.freeze, as `ember serve` does; the LLM API does not).
 
     python benchmarks/host_overhead.py [--repeats 5] [--profile] [--out benchmarks/results/NAME.txt]
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import contextlib
+import gc
 import io
 import platform
 import pstats
@@ -37,31 +44,33 @@ import torch
 
 BATCH, PROMPT_LEN, OUTPUT_LEN = 256, 128, 256
 SHAPE = "qwen3-8b"
-PHASES = ("schedule", "runner", "update", "output", "rest", "driver")
+PHASES = ("schedule", "runner", "update", "output", "rest", "driver", "gc")
 
 
 class StubRunner:
     """Stands in for ModelRunner: a pool of num_blocks and a token per sampled sequence, no model."""
 
     num_blocks_for_bench = 0  # set by make_llm before the engine is built
+    num_token_ids = 0  # sampled ids lie in [0, this): the tokenizer's vocabulary when detokenizing
 
     def __init__(self, model_cfg, cache_cfg, progress: bool = True) -> None:
         self.num_blocks = cache_cfg.num_blocks = self.num_blocks_for_bench
         self.vocab_size = model_cfg.hf_config["vocab_size"]
+        self.num_token_ids = self.num_token_ids or self.vocab_size
 
     def execute(self, out):
         from ember.worker.model_runner import ModelRunnerOutput
 
         # a deterministic token that depends on the position, so the stream is not constant
-        v = self.vocab_size
+        v = self.num_token_ids
         return ModelRunnerOutput({s.req_id: (s.start_pos * 7919 + 11) % v for s in out.seqs if s.do_sample})
 
 
 @contextlib.contextmanager
-def stub_model_runner(num_blocks: int):
+def stub_model_runner(num_blocks: int, num_token_ids: int):
     import ember.engine.core as core
 
-    StubRunner.num_blocks_for_bench = num_blocks
+    StubRunner.num_blocks_for_bench, StubRunner.num_token_ids = num_blocks, num_token_ids
     real, core.ModelRunner = core.ModelRunner, StubRunner
     try:
         yield
@@ -71,33 +80,54 @@ def stub_model_runner(num_blocks: int):
 
 def make_llm(model_dir: str, prefix_caching: bool):
     from ember import LLM
+    from ember.tokenizer.demo import DEMO_VOCAB_SIZE
 
     blocks_per_seq = -(-(PROMPT_LEN + OUTPUT_LEN) // 16)
-    with stub_model_runner(int(1.1 * BATCH * blocks_per_seq) + 1):
+    detok = (Path(model_dir) / "tokenizer.json").is_file()
+    with stub_model_runner(int(1.1 * BATCH * blocks_per_seq) + 1, DEMO_VOCAB_SIZE if detok else 0):
         return LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cpu", max_model_len=8192 + 256,
                    max_num_seqs=BATCH, max_num_batched_tokens=8192, enable_prefix_caching=prefix_caching,
                    progress=False)
 
 
 class PhaseTimer:
-    """Wraps schedule / execute / update / step on the instances and records phase times per step."""
+    """Wraps schedule / execute / update / step on the instances and records phase times per step. The clock is
+    this thread's CPU time (wall time on an idle machine; on a shared one it leaves out other processes' turns),
+    stopped while the cyclic garbage collector runs; GC time is its own column."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.steps: list[dict] = []
-        self._last_end: float | None = None
+        self._gc_s, self._gc_start = 0.0, 0.0
+        self._last_end: tuple[float, float] | None = None
         self._orig = (engine.scheduler.schedule, engine.runner.execute, engine.scheduler.update, engine.step)
-        sched, run, upd, step = self._orig
+        sched, run, upd, _ = self._orig
         engine.scheduler.schedule = self._wrap(sched, "schedule")
         engine.runner.execute = self._wrap(run, "runner")
         engine.scheduler.update = self._wrap(upd, "update")
         engine.step = self._step
+        gc.callbacks.append(self._on_gc)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+        e = self.engine
+        e.scheduler.schedule, e.runner.execute, e.scheduler.update = self._orig[:3]
+        del e.step  # the class's step again
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        else:
+            self._gc_s += time.thread_time() - self._gc_start
+
+    def _clock(self) -> float:
+        return time.thread_time() - self._gc_s
 
     def _wrap(self, fn, name: str):
         def timed(*args):
-            start = time.perf_counter()
+            start = self._clock()
             result = fn(*args)
-            end = time.perf_counter()
+            end = self._clock()
             self._cur[name] = end - start
             self._cur[name + "_end"] = end
             if name == "schedule":
@@ -107,14 +137,16 @@ class PhaseTimer:
         return timed
 
     def _step(self):
-        start = time.perf_counter()
-        self._cur = {"driver": start - self._last_end if self._last_end is not None else 0.0}
+        start, gc_start = self._clock(), self._gc_s
+        prev_end, prev_gc = self._last_end or (start, gc_start)
+        self._cur = {"driver": start - prev_end}
         deltas = self._orig[3]()
-        end = self._last_end = time.perf_counter()
+        end = self._clock()
+        self._last_end = (end, self._gc_s)
         cur = self._cur
         cur["output"] = end - cur["update_end"] if "update_end" in cur else 0.0
-        cur["total"] = end - start
-        cur["rest"] = cur["total"] - sum(cur.get(k, 0.0) for k in ("schedule", "runner", "update", "output"))
+        cur["rest"] = end - start - sum(cur.get(k, 0.0) for k in ("schedule", "runner", "update", "output"))
+        cur["gc"] = self._gc_s - prev_gc  # during the driver's loop and this step
         self.steps.append(cur)
         return deltas
 
@@ -146,6 +178,7 @@ def run_once(llm, seed: int, profile: cProfile.Profile | None = None) -> dict[st
     total = time.perf_counter() - start
     if profile is not None:
         profile.disable()
+    timer.close()
     assert all(len(o.outputs[0].token_ids) == OUTPUT_LEN for o in outs)
     assert llm.engine.kv.pool.num_used_blocks == 0
     return {**timer.decode_means_ms(), "generate_s": total}
@@ -173,13 +206,20 @@ def main() -> None:
     args = ap.parse_args()
     from ember.demo import make_demo_model
 
+    with_tokenizer = make_demo_model(tempfile.mkdtemp(prefix="ember-host-"), SHAPE, with_weights=False)
     model_dir = make_demo_model(tempfile.mkdtemp(prefix="ember-host-"), SHAPE, with_weights=False)
-    (model_dir / "tokenizer.json").unlink(missing_ok=True)  # as gpu_decode: no detokenization
+    (model_dir / "tokenizer.json").unlink()  # as gpu_decode: no detokenization
+    rows = [("prefix-cache off", model_dir, False, False), ("prefix-cache on", model_dir, True, False),
+            ("on, detokenize", with_tokenizer, True, False), ("on, gc frozen", model_dir, True, True)]
     results = {}
-    for name, caching in (("prefix-cache off", False), ("prefix-cache on", True)):
-        llm = make_llm(str(model_dir), caching)
+    for name, path, caching, freeze in rows:
+        llm = make_llm(str(path), caching)
+        if freeze:  # as `ember serve` does (engine.core.freeze_gc_heap, inlined so older trees run too)
+            gc.collect()
+            gc.freeze()
         run_once(llm, seed=0)  # warm-up
         results[name] = median_runs([run_once(llm, seed=1 + i) for i in range(args.repeats)])
+        gc.unfreeze()
     text = (f"CPU: {platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, "
             f"{SHAPE} config, batch {BATCH}, prompt {PROMPT_LEN}, output {OUTPUT_LEN}, {args.repeats} runs\n"
             + table(results))
