@@ -18,11 +18,15 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def is_finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
+        return self >= _FIRST_FINISHED
 
     @property
     def finish_reason(self) -> str | None:
         return {3: "stop", 4: "length", 5: "abort"}.get(int(self))
+
+
+# a module constant: looking a member up on its enum class costs ~0.1 us, and this is read per request per step
+_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +64,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """all_token_ids()[start:end] without copying the rest of the sequence."""
+        prompt, n = self.prompt_token_ids, len(self.prompt_token_ids)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return prompt[start:] + self.output_token_ids[:end - n]
+
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        return self.status >= _FIRST_FINISHED

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import xxhash
 
 from ember.kv.block_pool import BlockPool
 from ember.kv.managers import KVCacheManager
@@ -33,6 +35,13 @@ def test_hash_chain_depends_on_prefix_and_namespace():
     assert len(a) == 2 and a[0] != b[0] and a[1] != b[1]  # a change in block 0 changes every later hash
     assert hash_blocks(cache_namespace("other", "bf16"), list(range(32)), 16)[0] != a[0]
     assert hash_blocks(NS, list(range(40)), 16) == a  # the partial block is not hashed
+
+
+def test_block_hash_is_xxh3_of_parent_then_int64_token_ids():
+    """The cache key's byte format (tiers and checkpoints store it): must not change without FORMAT_VERSION."""
+    tokens = [0, 1, 151935, 2**40]
+    expected = xxhash.xxh3_128(NS + np.asarray(tokens, dtype=np.int64).tobytes()).digest()
+    assert hash_blocks(NS, tokens, 4) == [expected]
 
 
 def test_prefix_hit_shares_blocks_and_leaves_last_token():

@@ -159,7 +159,7 @@ class EngineCore:
             stop = self.outputs.process(request, request.output_token_ids[-1], lp)
             if stop is not None:
                 self.scheduler.finish(request.req_id, RequestStatus.FINISHED_STOPPED, stop)
-            deltas.append(self.outputs.delta(request, [lp] if lp is not None else []))
+            deltas.append(self.outputs.delta(request, (lp,) if lp is not None else ()))
             if request.is_finished:
                 self.outputs.remove(request.req_id)
         return deltas

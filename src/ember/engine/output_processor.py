@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ember.engine.outputs import Logprob, PositionLogprobs, RequestDelta
 from ember.request import Request
@@ -80,20 +80,27 @@ class OutputProcessor:
                 return stop
         return None
 
-    def delta(self, request: Request, logprobs: list[TokenLogprobs]) -> RequestDelta:
+    def delta(self, request: Request, logprobs: Sequence[TokenLogprobs]) -> RequestDelta:
         """Everything not yet sent for this request."""
         state = self.states[request.req_id]
         finished = request.is_finished
-        new_ids = request.output_token_ids[state.num_sent_tokens:]
-        state.num_sent_tokens = len(request.output_token_ids)
-        end = len(state.text) if finished else max(state.num_sent_chars, len(state.text) - state.hold_back)
-        new_text, state.num_sent_chars = state.text[state.num_sent_chars:end], end
+        output_ids = request.output_token_ids
+        new_ids = output_ids[state.num_sent_tokens:]
+        state.num_sent_tokens = len(output_ids)
+        new_text = self._new_text(state, finished) if state.detok is not None else ""  # no tokenizer: no text
         delta = RequestDelta(
             request.req_id, new_ids, new_text,
             [self._position(r) for r in logprobs] if request.params.logprobs is not None else None,
             finished, request.status.finish_reason if finished else None, request.stop_reason,
-            request.num_prompt_tokens, max(request.num_cached_tokens, 0),
+            len(request.prompt_token_ids), max(request.num_cached_tokens, 0),
         )
         if state.prompt_logprobs is not None and not state.prompt_logprobs_sent and new_ids:
             delta.prompt_logprobs, state.prompt_logprobs_sent = state.prompt_logprobs, True
         return delta
+
+    @staticmethod
+    def _new_text(state: OutputState, finished: bool) -> str:
+        """Text not yet sent, holding back what may still begin a stop string unless the request is done."""
+        end = len(state.text) if finished else max(state.num_sent_chars, len(state.text) - state.hold_back)
+        new_text, state.num_sent_chars = state.text[state.num_sent_chars:end], end
+        return new_text

@@ -40,6 +40,8 @@ class KVCacheManager:
         self.states = states
         if states is not None:
             pool.on_evict = states.drop
+        # one full-attention group and no recurrent state: allocate without a prefix hit only grows block_ids
+        self._is_plain = len(self.groups) == 1 and window is None and states is None
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -52,11 +54,12 @@ class KVCacheManager:
         return request.group_block_ids[g - 1]
 
     def _update_hashes(self, request: Request) -> None:
-        have = len(request.block_hashes)
-        if (have + 1) * self.block_size > request.num_tokens:
+        have, num_full = len(request.block_hashes), request.num_tokens // self.block_size
+        if num_full <= have:
             return
         parent = request.block_hashes[-1] if have else None
-        request.block_hashes += hash_blocks(self.namespace, request.all_token_ids(), self.block_size, parent, have)
+        tokens = request.token_slice(have * self.block_size, num_full * self.block_size)  # the new blocks only
+        request.block_hashes += hash_blocks(self.namespace, tokens, self.block_size, parent)
 
     def _hit_ids(self, group: BlockGroup, hashes: list[bytes]) -> list[int] | None:
         """Group's cached ids for a hit of len(hashes) blocks (0 where its window does not reach), or None."""
@@ -98,6 +101,13 @@ class KVCacheManager:
         """Gives the request blocks for num_computed + cached + num_new tokens in every group, releasing sliding
         blocks that left the window; False (nothing changed) if a pool cannot, counting blocks that evicting
         unreferenced cached blocks would free."""
+        if self._is_plain and not cached_block_ids:  # the general path below, reduced to this case
+            need = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(request.block_ids)
+            if need > 0:
+                if need > self.pool.num_free_blocks:
+                    return False
+                request.block_ids += self.pool.take_new(need)
+            return True
         num_hit = len(cached_block_ids or [])
         num_computed = request.num_computed_tokens + num_hit * self.block_size
         total = self.blocks_for(num_computed + num_new_tokens)
@@ -137,14 +147,16 @@ class KVCacheManager:
             self.states.step_done(request.req_id)
         if not self.pool.enable_caching:
             return
-        self._update_hashes(request)
-        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= request.num_registered_blocks:  # no block filled since the last call (most decode steps)
+            return
+        self._update_hashes(request)  # hashes every full block of num_tokens >= num_computed_tokens
         for g, group in enumerate(self.groups):
             table = self._table(request, g)
             for i in range(request.num_registered_blocks, num_full):
                 if table[i]:  # blocks a sliding group never held (before a prefix hit's window) are 0
                     group.pool.cache_block(table[i], request.block_hashes[i])
-        request.num_registered_blocks = max(request.num_registered_blocks, num_full)
+        request.num_registered_blocks = num_full
 
     def plan_state(self, request: Request, num_new_tokens: int) -> StateStep | None:
         """Recurrent-state slots of the request's next chunk; None for attention-only models. Snapshots the
