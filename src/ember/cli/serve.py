@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ember.engine.async_engine import AsyncEngine
+    from ember.engine.core import freeze_gc_heap
     from ember.server import build_app
     from ember.server.background import GracefulServer
 
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=int(args.shutdown_timeout) + 5)
     server = GracefulServer(config, engine, args.shutdown_timeout)
+    freeze_gc_heap()  # start-up is done: later GC passes skip the model and server objects
     print(f"ember: serving `{name}` (context {llm.engine.max_model_len} tokens) on http://{args.host}:{args.port}"
           f" - OpenAI /v1/chat/completions, /v1/completions; Anthropic /v1/messages; /metrics, /health",
           file=sys.stderr)

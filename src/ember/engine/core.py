@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import gc
 import json
 import secrets
 from pathlib import Path
@@ -29,6 +30,15 @@ def read_generation_config(model_dir: str) -> dict:
         return json.loads(path.read_text()) if path.is_file() else {}
     except json.JSONDecodeError:
         return {}
+
+
+def freeze_gc_heap() -> None:
+    """Moves everything alive now (torch, the model, the engine) out of the cyclic GC's reach, as vLLM does once
+    a server has started: a full collection then walks only what was allocated since. Without it, at 256
+    decoding sequences one walks ~180k start-up objects every ~200 steps. For a process that keeps one engine:
+    frozen objects are never collected if they later become garbage inside a reference cycle."""
+    gc.collect()  # first, or today's garbage would be frozen too
+    gc.freeze()
 
 
 def _as_list(x) -> list[int]:
