@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from ember.ops import activation as ref_act  # noqa: E402
 from ember.ops import attention as ref_attn  # noqa: E402
+from ember.ops import gemm as ref_gemm  # noqa: E402
 from ember.ops import norm as ref_norm  # noqa: E402
 from ember.ops import triton as tri  # noqa: E402
 from ember.worker.attn_metadata import AttentionMetadata  # noqa: E402
@@ -159,42 +160,65 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
 
 
-SKINNY_CASES = [  # m, n, k: one row (elementwise path) and several (tl.dot path), ragged n and k
-    (1, 64, 96), (1, 37, 200), (3, 50, 64), (8, 64, 130), (16, 33, 48),
-]
+
+GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100)]  # n, k: ragged and multi-block in both
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k", SKINNY_CASES)
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_skinny_linear(dtype, m, n, k, bias):
-    from ember.ops import gemm as ref_linear
-    g = torch.Generator().manual_seed(m * 1000 + n + k)
-    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
-    w = torch.randn(n, k, generator=g).to(DEVICE, dtype) / k ** 0.5
+def test_gemv(dtype, n, k, bias):
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
     b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
-    close(tri.linear(x, w, b), ref_linear.linear(x.float(), w.float(), None if b is None else b.float()), dtype)
-    # a strided view of x (as attention outputs or splits produce) reads the same values
-    wide = torch.randn(m, 2 * k, generator=g).to(DEVICE, dtype)
-    close(tri.linear(wide[:, :k], w), ref_linear.linear(wide[:, :k].float(), w.float()), dtype)
+    close(tri.linear(x, w, b), ref_gemm.linear(x.float(), w.float(), None if b is None else b.float()), dtype)
+    wide = torch.randn(1, 2 * k, generator=g).to(DEVICE, dtype)  # a strided view reads the same values
+    close(tri.linear(wide[:, :k], w), ref_gemm.linear(wide[:, :k].float(), w.float()), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k", SKINNY_CASES)
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
 @pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])
-def test_skinny_gated_linear(dtype, m, n, k, act):
-    from ember.ops import gemm as ref_linear
-    g = torch.Generator().manual_seed(m * 1000 + n + k + 7)
-    gate_up = (2 * torch.randn(m, 2 * k, generator=g)).to(DEVICE, dtype)
-    w = torch.randn(n, k, generator=g).to(DEVICE, dtype) / k ** 0.5
-    ref = ref_linear.gated_linear(gate_up.cpu(), w.cpu(), None, act).to(DEVICE)  # rounded where the kernel rounds
+def test_gemv_gated(dtype, n, k, act):
+    g = torch.Generator().manual_seed(n + k + 7)
+    gate_up = (2 * torch.randn(1, 2 * k, generator=g)).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    ref = ref_gemm.gated_linear(gate_up.cpu(), w.cpu(), None, act).to(DEVICE)  # rounded where the kernel rounds
     close(tri.gated_linear(gate_up, w, None, act), ref, dtype)
 
 
-def test_skinny_linear_falls_back_past_its_rows():
-    from ember.ops.triton import gemm as tri_linear
-    x = torch.randn(tri_linear.SKINNY_MAX_M + 1, 32, device=DEVICE)
-    w = torch.randn(24, 32, device=DEVICE)
-    assert torch.equal(tri.linear(x, w), torch.nn.functional.linear(x, w))
-    close(tri.gated_linear(torch.cat([x, x], -1), w, None, "silu"),
-          torch.nn.functional.linear(ref_act.silu_and_mul(torch.cat([x, x], -1)), w), x.dtype)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("with_residual,unit_offset", [(False, False), (True, False), (True, True)])
+def test_gemv_rms_norm(dtype, n, k, with_residual, unit_offset):
+    g = torch.Generator().manual_seed(n + k + 11)
+    x = (3 * torch.randn(1, k, generator=g)).to(DEVICE, dtype)
+    r = torch.randn(1, k, generator=g).to(DEVICE, dtype) if with_residual else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype)
+    out, res = tri.rms_norm_linear(x, r, nw, 1e-6, w, b, unit_offset)
+    ref_out, ref_res = ref_gemm.rms_norm_linear(x.cpu(), None if r is None else r.cpu(), nw.cpu(), 1e-6, w.cpu(),
+                                                b.cpu(), unit_offset)
+    close(out, ref_out.to(DEVICE), dtype)
+    assert torch.equal(res.cpu(), ref_res)  # the residual stream is exact
+
+
+@pytest.mark.parametrize("fn", ["linear", "gated_linear", "rms_norm_linear"])
+def test_gemv_ops_take_cublas_past_one_row(fn):
+    """Several rows: the separate kernels and F.linear, with the reference's results."""
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(3, 64, generator=g).to(DEVICE), torch.randn(3, 64, generator=g).to(DEVICE)
+    w = torch.randn(24, 64, generator=g).to(DEVICE)
+    if fn == "linear":
+        assert torch.equal(tri.linear(x, w), ref_gemm.linear(x, w))
+    elif fn == "gated_linear":
+        gate_up = torch.cat([x, r], -1)
+        close(tri.gated_linear(gate_up, w), ref_gemm.gated_linear(gate_up.cpu(), w.cpu()).to(DEVICE), x.dtype)
+    else:
+        nw = torch.ones(64, device=DEVICE)
+        out, res = tri.rms_norm_linear(x, r, nw, 1e-6, w)
+        ref_out, ref_res = ref_gemm.rms_norm_linear(x.cpu(), r.cpu(), nw.cpu(), 1e-6, w.cpu())
+        close(out, ref_out.to(DEVICE), x.dtype)
+        assert torch.equal(res.cpu(), ref_res)

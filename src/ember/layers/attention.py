@@ -51,16 +51,20 @@ class Attention(nn.Module):
         self.kv_group = 0  # the KV group (block table) of this layer's cache, bound with it
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        return self.attend(positions, self.qkv_proj(x), meta)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Everything after the qkv projection, for callers that fuse that projection with the norm before it."""
+        num_tokens = qkv.shape[0]
         meta = meta.for_group(self.kv_group)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
         has_norm, rotary = self.q_norm is not None, self.rotary
         # q/k norm, rotary and the KV write are one op (one kernel on CUDA)
         q = ops.prepare_qkv(
-            self.qkv_proj(x), positions, self.kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads,
+            qkv, positions, self.kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads,
             self.q_norm.weight if has_norm else None, self.k_norm.weight if has_norm else None,
             self.q_norm.eps if has_norm else 1e-6,
-            rotary.cos_sin(x.device) if rotary is not None else None, rotary.rot_dim if rotary is not None else 0,
+            rotary.cos_sin(qkv.device) if rotary is not None else None, rotary.rot_dim if rotary is not None else 0,
         )
         out = ops.paged_attention(q, self.kv_cache, meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -100,13 +100,11 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds the two, so
         each residual add is fused with the norm that follows it."""
-        if residual is None:
-            x, residual = self.input_layernorm(h), h
-        else:
-            x, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(x), residual
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = attn.qkv_proj.forward_normed(h, residual, self.input_layernorm)
+        h = attn.attend(positions, qkv, meta)
+        gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
+        return mlp.down_proj(gate_up, act=mlp.act), residual
 
 
 class DecoderModel(nn.Module):

@@ -67,6 +67,13 @@ class Linear(nn.Module):
         out = self.tp.all_reduce(out)
         return out if self.bias is None else out + self.bias
 
+    def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None,
+                       norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(x + residual)), x + residual): a pre-norm block's residual add, its RMSNorm (layers/norm.py)
+        and this projection, fused where a kernel does that. Without a residual, x is the residual stream."""
+        assert self.parallel != "row", "a normed input is replicated: only column-parallel projections take one"
+        return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias, norm.unit_offset)
+
 
 class MergedLinear(Linear):
     """Several column-parallel projections of one input stacked on the output dim (q/k/v, gate/up).

@@ -1,15 +1,19 @@
-"""Skinny GEMM for decode: y = x W^T (+ b) for up to SKINNY_MAX_M rows of x, streaming W once at near the memory
-bandwidth, optionally applying a gated MLP's activation to a fused gate/up input on the way in.
+"""GEMV for batch-1 decode: y = x W^T (+ b) for one row of x, streaming W once at near the memory bandwidth, with
+the op before it optionally fused into its prologue: a gated MLP's activation over a fused gate/up input, or the
+RMSNorm (and residual add) of the block's input.
 
-At batch 1-16 a decode step is a string of matrix-vector products bound by reading the weights. cuBLAS picks
-split-K kernels for these shapes (a second reduce kernel, and 73-86% of bandwidth for the 8B shape's qkv/o/down
-projections; ~1.1-2 TB/s at K=1024). Here each program owns BLOCK_N output features over all of K: no reduce, no
-workspace, one launch. One row of x accumulates elementwise into a [BLOCK_N, BLOCK_K] tile reduced once at the
-end; several rows use tl.dot with x padded to 16 rows (the padding costs compute, not bandwidth).
+At batch 1 a decode step is a string of matrix-vector products bound by reading the weights, plus small kernels
+between them. cuBLAS picks split-K kernels for the smaller shapes (a second reduce kernel; ~1.1-2 TB/s at K=1024).
+Here each program owns BLOCK_N output features over all of K (no reduce, no workspace, one launch) and accumulates
+a [BLOCK_N, BLOCK_K] tile elementwise, reduced once at the end. The fused prologues recompute their tiny input
+(K values, from L2) in every program rather than launching a kernel for it and paying its launch gap:
 
-The fused activation reads gate and up halves of x, rounds act(gate) and act(gate) * up to x's dtype as the
-torch reference (ember.ops.activation.gated) does, and feeds that to the product: the separate activation kernel
-and its [M, I] round trip disappear. Larger inputs fall back to cuBLAS (F.linear), unfused.
+- gated: reads the gate and up halves and rounds act(gate) and act(gate) * up to the input dtype as the torch
+  reference (ember.ops.activation.gated) does;
+- norm: a first pass over x (+ residual) for the mean square, then the normalised value rounded as
+  ember.ops.norm rounds it; program 0 also stores x + residual, the residual stream the next block adds to.
+
+Inputs of more than one row go to cuBLAS (F.linear) with the separate Triton norm/activation kernels.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ import triton
 import triton.language as tl
 
 from ember.ops.activation import gated
+from ember.ops.triton.activation import silu_and_mul
+from ember.ops.triton.norm import add_rms_norm, rms_norm
 
-SKINNY_MAX_M = 16
-ACT_CODES = {None: 0, "silu": 1, "gelu_pytorch_tanh": 2, "gelu_new": 2, "gelu": 3}
+ACT_CODES = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_new": 2, "gelu": 3}
 
 
 @triton.jit
@@ -35,97 +40,113 @@ def _act(x, ACT: tl.constexpr):
 
 
 @triton.jit
-def _load_x(x_ptr, offs_m, k, K, stride_xm, m_mask, k_mask, ACT: tl.constexpr):
-    mask = m_mask[:, None] & k_mask[None, :]
-    ptrs = x_ptr + offs_m[:, None] * stride_xm + k[None, :]
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if ACT != 0:
-        dtype = x.dtype
-        up = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        act = _act(x.to(tl.float32), ACT).to(dtype).to(tl.float32)
-        x = (act * up).to(dtype)
-    return x
-
-
-@triton.jit
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                   ACT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, K, eps, stride_wn,
+                 ACT: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    n_mask, m_mask = offs_n < N, offs_m < M
+    n_mask = offs_n < N
+    dtype = x_ptr.dtype.element_ty
+    rstd = 0.0
+    if NORM:  # pass 1: the residual sum (stored once) and its mean square
+        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + offs_k
+            k_mask = k < K
+            s = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+            if HAS_RES:
+                s = (s.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
+                if pid == 0:
+                    tl.store(res_out_ptr + k, s, mask=k_mask)
+            sf = s.to(tl.float32)
+            sq += sf * sf
+        rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    if USE_DOT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BN, BK]
-        x = _load_x(x_ptr, offs_m, k, K, stride_xm, m_mask, k_mask, ACT)  # [BM, BK]
-        if USE_DOT:
-            if IEEE:
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+        if NORM:
+            if HAS_RES:
+                x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
+            nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            if UNIT_OFFSET:
+                x = (x.to(tl.float32) * rstd * (1.0 + nw)).to(dtype)
             else:
-                acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)
+                x = ((x.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
+        elif ACT != 0:
+            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = (_act(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
+        acc += x.to(tl.float32)[None, :] * w.to(tl.float32)
+    y = tl.sum(acc, axis=1)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def skinny_config(m: int, n: int, k: int) -> dict:
-    """Tile sizes by shape. One row: elementwise accumulation, narrow BLOCK_N so that even N=1024 spreads over
-    every SM; several rows: tl.dot on 16-row tiles."""
-    if m == 1:
-        block_n = 4 if n >= 4096 else 2 if n >= 2048 else 1
-        return dict(BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=min(1024, triton.next_power_of_2(k)), USE_DOT=False,
-                    num_warps=4, num_stages=3)
-    return dict(BLOCK_M=16, BLOCK_N=16 if n < 8192 else 32, BLOCK_K=min(256, max(16, triton.next_power_of_2(k))),
-                USE_DOT=True, num_warps=4, num_stages=3)
+def gemv_config(n: int, k: int, gated: bool = False) -> dict:
+    """Tile sizes by shape, from benchmarks/skinny_gemm.py --sweep on an H200: narrow BLOCK_N so that even N=1024
+    spreads over every SM, wide BLOCK_K for long contiguous reads, deeper pipelines for long K."""
+    if k >= 8192:
+        return dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=4)
+    if n <= 1024:
+        if gated:
+            return dict(BLOCK_N=2, BLOCK_K=1024, num_warps=8, num_stages=1)
+        return dict(BLOCK_N=4, BLOCK_K=min(2048, triton.next_power_of_2(k)), num_warps=4, num_stages=1)
+    return dict(BLOCK_N=4, BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=4, num_stages=3)
 
 
-def launch_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str | None,
-                  config: dict | None = None) -> torch.Tensor:
-    """x: [M, K] (or [M, 2K] with act), M <= SKINNY_MAX_M, unit stride in K; weight [N, K] row-major."""
-    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
-    cfg = dict(config or skinny_config(m, n, k))
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]),)
-    _skinny_kernel[grid](x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0),
-                         weight.stride(0), out.stride(0), ACT=ACT_CODES[act], HAS_BIAS=bias is not None,
-                         IEEE=x.dtype == torch.float32, **cfg)
-    return out
+def launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
+                norm: tuple | None = None, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [1, K] ([1, 2K] with act), contiguous; weight [N, K] row-major. norm: (residual or None, norm weight,
+    eps, unit_offset). Returns ([1, N] output, [1, K] residual out if a residual was given)."""
+    n, k = weight.shape
+    cfg = dict(config or gemv_config(n, k, act is not None))
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    residual, nw, eps, unit_offset = norm if norm is not None else (None, None, 0.0, False)
+    res_out = torch.empty_like(x) if residual is not None else None
+    _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, weight, bias if bias is not None else weight, out,
+        residual if residual is not None else x, res_out if res_out is not None else out,
+        nw if nw is not None else weight, n, k, eps, weight.stride(0),
+        ACT=ACT_CODES[act] if act else 0, NORM=norm is not None, HAS_RES=residual is not None,
+        UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, **cfg)
+    return out, res_out
 
 
-def _skinny_ok(x2: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (0 < x2.shape[0] <= SKINNY_MAX_M and weight.dim() == 2 and weight.stride(1) == 1
-            and x2.dtype == weight.dtype and x2.dtype in (torch.bfloat16, torch.float16, torch.float32))
+def _gemv_ok(x2: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x2.shape[0] == 1 and weight.dim() == 2 and weight.stride(1) == 1 and x2.dtype == weight.dtype
+            and x2.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
-    if not _skinny_ok(x2, weight):
+    if not _gemv_ok(x2, weight):
         return F.linear(x, weight, bias)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    return launch_skinny(x2, weight, bias, None).view(*x.shape[:-1], weight.shape[0])
+    return launch_gemv(x2.contiguous(), weight, bias)[0].view(*x.shape[:-1], weight.shape[0])
 
 
 def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  act: str = "silu") -> torch.Tensor:
     x2 = gate_up.reshape(-1, gate_up.shape[-1])
-    if act not in ACT_CODES or not _skinny_ok(x2, weight):
-        if act == "silu":
-            from ember.ops.triton.activation import silu_and_mul
-            return F.linear(silu_and_mul(gate_up), weight, bias)
-        return F.linear(gated(gate_up, act), weight, bias)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    return launch_skinny(x2, weight, bias, act).view(*gate_up.shape[:-1], weight.shape[0])
+    if act not in ACT_CODES or not _gemv_ok(x2, weight):
+        return F.linear(silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act), weight, bias)
+    return launch_gemv(x2.contiguous(), weight, bias, act=act)[0].view(*gate_up.shape[:-1], weight.shape[0])
+
+
+def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                    weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    x2 = x.reshape(-1, x.shape[-1])
+    if not _gemv_ok(x2, weight):
+        if residual is None:
+            h, residual = rms_norm(x, norm_weight, eps, unit_offset), x
+        else:
+            h, residual = add_rms_norm(x, residual, norm_weight, eps, unit_offset)
+        return F.linear(h, weight, bias), residual
+    res2 = residual.reshape(1, -1).contiguous() if residual is not None else None
+    out, res_out = launch_gemv(x2.contiguous(), weight, bias, norm=(res2, norm_weight, eps, unit_offset))
+    return out.view(*x.shape[:-1], weight.shape[0]), (res_out.view(x.shape) if res_out is not None else x)
