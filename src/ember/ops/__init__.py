@@ -41,6 +41,7 @@ silu_and_mul = _select("silu_and_mul", activation.silu_and_mul)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
+rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 
-__all__ = ["add_rms_norm", "apply_rotary", "gated_linear", "linear", "paged_attention", "prepare_qkv", "rms_norm",
-           "silu_and_mul", "triton_enabled", "write_kv"]
+__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention", "prepare_qkv", "rms_norm",
+           "rms_norm_linear", "silu_and_mul", "triton_enabled", "write_kv"]
