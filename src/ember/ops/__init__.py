@@ -43,5 +43,5 @@ linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 
-__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention", "prepare_qkv", "rms_norm",
-           "rms_norm_linear", "silu_and_mul", "triton_enabled", "write_kv"]
+__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention",
+           "prepare_qkv", "rms_norm", "rms_norm_linear", "silu_and_mul", "triton_enabled", "write_kv"]

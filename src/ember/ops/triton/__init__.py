@@ -7,5 +7,5 @@ from ember.ops.triton.gemm import gated_linear, linear, rms_norm_linear
 from ember.ops.triton.norm import add_rms_norm, rms_norm
 from ember.ops.triton.qkv import prepare_qkv, write_kv
 
-__all__ = ["add_rms_norm", "gated_delta_decode", "gated_linear", "linear", "paged_attention", "prepare_qkv", "rms_norm", "rms_norm_linear",
-           "silu_and_mul", "write_kv"]
+__all__ = ["add_rms_norm", "gated_delta_decode", "gated_linear", "linear", "paged_attention", "prepare_qkv",
+           "rms_norm", "rms_norm_linear", "silu_and_mul", "write_kv"]
