@@ -209,6 +209,19 @@ def test_gemv_rms_norm(dtype, n, k, with_residual, unit_offset):
     assert torch.equal(res.cpu(), ref_res)  # the residual stream is exact
 
 
+def test_gemv_rms_norm_unfused_past_the_fusion_limit(monkeypatch):
+    """Large projections run the norm kernel, then the GEMV: the same results as the fused prologue."""
+    from ember.ops.triton import gemm as tri_gemm
+    g = torch.Generator().manual_seed(5)
+    x, r = torch.randn(1, 200, generator=g).to(DEVICE), torch.randn(1, 200, generator=g).to(DEVICE)
+    nw, w = (1 + 0.1 * torch.randn(200, generator=g)).to(DEVICE), torch.randn(70, 200, generator=g).to(DEVICE)
+    fused = tri.rms_norm_linear(x, r, nw, 1e-6, w)
+    monkeypatch.setattr(tri_gemm, "NORM_FUSE_MAX_WEIGHT", 0)
+    unfused = tri.rms_norm_linear(x, r, nw, 1e-6, w)
+    close(unfused[0], fused[0], x.dtype)
+    assert torch.equal(unfused[1], fused[1])
+
+
 @pytest.mark.parametrize("fn", ["linear", "gated_linear", "rms_norm_linear"])
 def test_gemv_ops_take_cublas_past_one_row(fn):
     """Several rows: the separate kernels and F.linear, with the reference's results."""

@@ -106,24 +106,20 @@ def _decode_kernel(
         counter = counter_ptr + seq * tl.num_programs(1) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
             tl.debug_barrier()
-            m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-            for sp in range(0, num_splits):
-                m_max = tl.maximum(m_max, tl.load(part_ml_ptr + (part + sp) * 2, mask=g_mask, other=float("-inf"),
-                                                  cache_modifier=".cg"))
-            m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
-            num = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-            den = tl.zeros([GROUP_PAD], tl.float32)
-            for sp in range(0, num_splits):
-                m_s = tl.load(part_ml_ptr + (part + sp) * 2, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-                l_s = tl.load(part_ml_ptr + (part + sp) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
-                w = tl.where(m_s == float("-inf"), 0.0, tl.math.exp2(m_s - m_use))
-                a_s = tl.load(part_acc_ptr + (part + sp)[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
-                              other=0.0, cache_modifier=".cg")
-                num += a_s * w[:, None]
-                den += l_s * w
-            out = num / tl.where(den == 0.0, 1.0, den)[:, None]
-            o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-            tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+            offs_s = tl.arange(0, NUM_SPLITS_PAD)
+            s_mask = offs_s < num_splits
+            for g in tl.static_range(GROUP):  # one head at a time, all splits in one load (no serial chain)
+                row = (seq * (tl.num_programs(1) * GROUP) + kv_head * GROUP + g) * NUM_SPLITS_PAD + offs_s
+                m_s = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+                l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0, cache_modifier=".cg")
+                a_s = tl.load(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0,
+                              cache_modifier=".cg")
+                m_max = tl.max(m_s, 0)
+                w = tl.where(m_s == float("-inf"), 0.0, tl.math.exp2(m_s - m_max))
+                den = tl.sum(l_s * w, 0)
+                o = tl.sum(a_s * w[:, None], 0) / tl.where(den == 0.0, 1.0, den)
+                tl.store(out_ptr + seq * stride_ot + (kv_head * GROUP + g) * stride_oh + offs_d,
+                         o.to(out_ptr.dtype.element_ty), mask=d_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next layer / step
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
