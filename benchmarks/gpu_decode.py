@@ -6,7 +6,7 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
 `generate` (eager, its default attention) at batch 1 and 64, prompt 128. Prints a table, writes JSON.
 
     python benchmarks/gpu_decode.py [--shapes qwen3-0.6b,qwen3-8b,llama-3-8b] [--out benchmarks/results/NAME]
-    hybrid shapes (not yet measured; no CUDA graphs or Triton gated-delta kernels for them yet):
+    hybrid shapes (Gated DeltaNet state slots; sliding + full KV groups), CUDA graphs and Triton kernels too:
     --shapes qwen3_5-default,gemma4-default
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
