@@ -147,10 +147,6 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
     scale = head_dim ** -0.5
     ref = reference_attention(q, pool, meta, scale, window, softcap)
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
-    # the splits' arrival counters are back at zero for the next layer (the last split resets its own)
-    from ember.ops.triton.attention import _COUNTERS, decode_num_splits
-    if decode_num_splits(num_seqs, kv_heads, q.device) > 1:
-        assert _COUNTERS[q.device].count_nonzero() == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,8 +1,7 @@
 """Paged attention over the block pool [2, num_blocks, block_size, num_kv_heads, head_dim]: a decode kernel
 (one query per sequence) and a prefill kernel (any query lengths, cached context included). Online softmax as
 in FlashAttention (Dao et al., arXiv:2205.14135); decode splits each sequence's keys over a fixed number of
-programs (flash-decoding); the last of a sequence's splits to finish merges the partial results (an arrival
-counter per sequence and kv head), so a decode layer's attention is one kernel.
+programs (flash-decoding) and merges the partial results in a second kernel.
 
 Nothing here reads host-side lengths except the grid sizes (number of sequences, longest query), so a decode
 step can be captured in a CUDA graph: each program finds its sequence's length and blocks on the device.
@@ -55,7 +54,7 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     scale_log2, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
@@ -96,35 +95,34 @@ def _decode_kernel(
         m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
     if IS_SPLIT:  # partial results: [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
-        part = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS_PAD
+        part = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS_PAD + split
         g_mask = offs_g < GROUP
-        tl.store(part_acc_ptr + (part + split)[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
-        tl.store(part_ml_ptr + (part + split) * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + (part + split) * 2 + 1, l_i, mask=g_mask)
-        # the last split of this (sequence, kv head) to finish merges them all: no second kernel, no launch gap
-        tl.debug_barrier()  # every thread's partial stores precede the release below
-        counter = counter_ptr + seq * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-            tl.debug_barrier()
-            offs_s = tl.arange(0, NUM_SPLITS_PAD)
-            s_mask = offs_s < num_splits
-            for g in tl.static_range(GROUP):  # one head at a time, all splits in one load (no serial chain)
-                row = (seq * (tl.num_programs(1) * GROUP) + kv_head * GROUP + g) * NUM_SPLITS_PAD + offs_s
-                m_s = tl.load(part_ml_ptr + row * 2, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-                l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=s_mask, other=0.0, cache_modifier=".cg")
-                a_s = tl.load(part_acc_ptr + row[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0,
-                              cache_modifier=".cg")
-                m_max = tl.max(m_s, 0)
-                w = tl.where(m_s == float("-inf"), 0.0, tl.math.exp2(m_s - m_max))
-                den = tl.sum(l_s * w, 0)
-                o = tl.sum(a_s * w[:, None], 0) / tl.where(den == 0.0, 1.0, den)
-                tl.store(out_ptr + seq * stride_ot + (kv_head * GROUP + g) * stride_oh + offs_d,
-                         o.to(out_ptr.dtype.element_ty), mask=d_mask)
-            tl.atomic_xchg(counter, 0)  # ready for the next layer / step
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS_PAD
+    offs_s = tl.arange(0, NUM_SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < num_splits
+    m = tl.load(part_ml_ptr + (part + offs_s) * 2, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_ml_ptr + (part + offs_s) * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))
+    acc = tl.load(part_acc_ptr + (part + offs_s)[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -213,24 +211,6 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) ->
     return max(1, min(MAX_SPLITS, 2 * _num_sms(device) // max(1, num_seqs * num_kv_heads)))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []
-
-
-def _split_counters(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 arrival counters of the decode splits, one per (sequence, kv head), kept across calls: the
-    merging program resets its counter, so they are zero again after every kernel. Grown only outside graph
-    capture (the capture's warm-up pass, largest batch first, sizes it)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < n:
-        assert not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()), "grow counters before capture"
-        if device in _COUNTERS:  # graphs captured with the old buffer keep pointing at it
-            _RETIRED.append(_COUNTERS[device])
-        counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
-
-
 def _common(q: torch.Tensor, kv_cache: torch.Tensor, scale: float, sliding_window: int | None,
             softcap: float | None) -> tuple[dict, dict]:
     num_heads, head_dim = q.shape[1:]
@@ -258,13 +238,18 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     on_gpu = q.is_cuda
     bt = meta.block_tables
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml, _split_counters(num_seqs * num_kv_heads, q.device),
+        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
         c["scale_log2"], c["softcap"], c["window"], num_splits,
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
         out.stride(0), out.stride(1),
         GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), BLOCK_N=64 if on_gpu else 16,
         NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split, num_warps=4, num_stages=2, **flags,
     )
+    if is_split:
+        _decode_merge_kernel[(num_seqs, q.shape[1])](
+            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
+        )
 
 
 def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
