@@ -234,7 +234,10 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     info = model_summary(model_dir, "bfloat16")
     # every attention layer at full length: exact for full attention, an upper bound for sliding layers
     kv_per_token = sum(info["kv_bytes_per_token_by_kind"].values())
-    kv_gb = 1.1 * max(batches) * (max(prompt_lens) + OUTPUT_LEN) * kv_per_token / 2**30
+    tokens = max(max(batches) * (max(prompt_lens) + OUTPUT_LEN), args.prefill_len + 16)
+    kv_gb = 1.1 * tokens * kv_per_token / 2**30
+    if info["state_bytes_per_sequence"] or info["sliding_kv_bytes_per_sequence"]:
+        kv_gb = None  # hybrids: fixed per-request state and windows on top; size from free memory instead
     t0 = time.perf_counter()
     llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,
               max_num_seqs=max(batches), max_num_batched_tokens=max(8192, args.prefill_len),
