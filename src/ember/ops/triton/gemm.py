@@ -92,13 +92,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def gemv_config(n: int, k: int, gated: bool = False) -> dict:
-    """Tile sizes by shape, from benchmarks/skinny_gemm.py --sweep on an H200: narrow BLOCK_N so that even N=1024
+def gemv_config(n: int, k: int, has_act: bool = False) -> dict:
+    """Tile sizes by shape, from a tile sweep on an H200 (benchmarks/gemv.py --sweep; first sweep in
+    benchmarks/results/2026-12-03-h200-skinny_gemm-sweep.json): narrow BLOCK_N so that even N=1024
     spreads over every SM, wide BLOCK_K for long contiguous reads, deeper pipelines for long K."""
     if k >= 8192:
         return dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=4)
     if n <= 1024:
-        if gated:
+        if has_act:
             return dict(BLOCK_N=2, BLOCK_K=1024, num_warps=8, num_stages=1)
         return dict(BLOCK_N=4, BLOCK_K=min(2048, triton.next_power_of_2(k)), num_warps=4, num_stages=1)
     return dict(BLOCK_N=4, BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=4, num_stages=3)
