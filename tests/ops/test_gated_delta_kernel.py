@@ -4,28 +4,17 @@
 Without CUDA it runs on CPU tensors in float32 under TRITON_INTERPRET=1; with CUDA compiled, in float32 and bf16."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
+from tests.ops.kernel_checks import DEVICE, DTYPES, assert_close
+
 pytest.importorskip("triton")
 
 from ember.ops import gated_delta as ref  # noqa: E402
 from ember.ops import triton as tri  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32]
 NUM_SLOTS = 9
-
-
-def close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
-    """Relative error in the 2-norm."""
-    assert torch.isfinite(a).all()
-    err = (a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)
-    assert err.item() < tol, f"relative error {err.item():.2e}"
 
 
 def make_inputs(num_seqs: int, hk: int, hv: int, dk: int, dv: int, kernel: int, dtype: torch.dtype, seed: int):
@@ -61,10 +50,10 @@ def test_gated_delta_decode_matches_reference(dtype, num_seqs, hk, hv, dk, dv, k
     ref_out = ref.gated_delta_decode(*ref_args)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert out.shape == ref_out.shape == (num_seqs, hv, dv) and out.dtype == dtype
-    close(out, ref_out, tol)
+    assert_close(out, ref_out, tol)
     conv, ssm, writes = args[4], args[5], args[7]
-    close(conv[writes], ref_args[4][writes], tol)
-    close(ssm[writes], ref_args[5][writes], tol)
+    assert_close(conv[writes], ref_args[4][writes], tol)
+    assert_close(ssm[writes], ref_args[5][writes], tol)
     untouched = torch.ones(NUM_SLOTS, dtype=torch.bool, device=DEVICE)
     untouched[writes] = False
     assert torch.equal(conv[untouched], ref_args[4][untouched]) and torch.equal(ssm[untouched], ref_args[5][untouched])
@@ -80,5 +69,5 @@ def test_gated_delta_decode_steps_compose():
         x = mixed.roll(step, 0)
         out = tri.gated_delta_decode(x, weight, log_decay, beta, conv, ssm, read, writes)
         ref_out = ref.gated_delta_decode(x, weight, log_decay, beta, ref_conv, ref_ssm, read, writes)
-        close(out, ref_out, 1e-5)
-    close(ssm[writes], ref_ssm[writes], 1e-5)
+        assert_close(out, ref_out, 1e-5)
+    assert_close(ssm[writes], ref_ssm[writes], 1e-5)

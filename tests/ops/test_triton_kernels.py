@@ -4,14 +4,13 @@ On a machine without CUDA they run on CPU tensors in float32 under TRITON_INTERP
 matmul is not usable); with CUDA they run compiled, in float32 and bfloat16. Skipped when triton is absent."""
 from __future__ import annotations
 
-import os
 from dataclasses import fields, replace
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
+from tests.ops.kernel_checks import DEVICE, DTYPES, assert_close
+
 pytest.importorskip("triton")
 
 from ember.ops import activation as ref_act  # noqa: E402
@@ -21,8 +20,6 @@ from ember.ops import norm as ref_norm  # noqa: E402
 from ember.ops import triton as tri  # noqa: E402
 from ember.worker.attn_metadata import AttentionMetadata  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32]
 BLOCK_SIZE = 16
 
 
@@ -31,10 +28,7 @@ def tol(dtype: torch.dtype) -> float:
 
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
-    """Relative error in the 2-norm, the way bf16 kernels are judged."""
-    assert torch.isfinite(a).all()
-    err = (a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)
-    assert err.item() < tol(dtype), f"relative error {err.item():.2e}"
+    assert_close(a, b, tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -7,7 +7,7 @@ import importlib
 import os
 from typing import Callable
 
-from ember.ops import activation, attention, gated_delta, gemm, norm
+from ember.ops import attention, gated_delta, gemm, norm
 from ember.ops.rotary import apply_rotary
 
 USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
@@ -37,11 +37,10 @@ paged_attention = _select("paged_attention", attention.paged_attention)
 prepare_qkv = _select("prepare_qkv", attention.prepare_qkv)
 rms_norm = _select("rms_norm", norm.rms_norm)
 add_rms_norm = _select("add_rms_norm", norm.add_rms_norm)
-silu_and_mul = _select("silu_and_mul", activation.silu_and_mul)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 
 __all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention",
-           "prepare_qkv", "rms_norm", "rms_norm_linear", "silu_and_mul", "triton_enabled", "write_kv"]
+           "prepare_qkv", "rms_norm", "rms_norm_linear", "triton_enabled", "write_kv"]
