@@ -2,9 +2,10 @@
 with the op before each projection fused (ours) or as its own kernel (cuBLAS + ember's Triton norm/activation).
 
 Each measurement replays a CUDA graph of R launches over R distinct weight copies (>= 512 MB in all), so weights
-come from HBM, not L2, and launch gaps are those of a captured decode step. Shapes are the projections of the
-qwen3-0.6b / qwen3-8b / llama-3-8b decoders: qkv and gate_up fed by the RMSNorm (+ residual add), o, and down fed
-by the gated activation.
+come from HBM, not L2, and launch gaps are those of a captured decode step. Ours is timed with programmatic
+dependent launch (the default on Hopper: each GEMV loads its first weight tile while the one before finishes) and
+without. Shapes are the projections of the qwen3-0.6b / qwen3-8b / llama-3-8b decoders: qkv and gate_up fed by
+the RMSNorm (+ residual add), o, and down fed by the gated activation.
 
     python benchmarks/gemv.py [--sweep] [--out benchmarks/results/NAME]
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ember.ops.triton import gemm
+from ember.ops.triton import gemm, pdl
 from ember.ops.triton.activation import silu_and_mul
 from ember.ops.triton.norm import add_rms_norm
 
@@ -93,6 +94,9 @@ def main() -> None:
         err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
         row = dict(shape=name, n=n, k=k, prologue=prologue, rel_err=err, cublas_us=graph_us([cublas(w) for w in weights]),
                    ours_us=graph_us([ours(w) for w in weights]), default=gemm.gemv_config(n, k, act is not None))
+        pdl.set_enabled(False)  # the same chain launched without programmatic dependent launch
+        row["ours_no_pdl_us"] = graph_us([ours(w) for w in weights])
+        pdl.set_enabled(None)
         if args.sweep:
             best = (row["ours_us"], row["default"])
             for cfg in sweep_configs():
@@ -105,7 +109,8 @@ def main() -> None:
             row.update(best_us=best[0], best=best[1])
         rows.append(row)
         tqdm.write(f"{name:13s} {n:6d}x{k:<6d} {prologue or '':5s}: cuBLAS(+op) {row['cublas_us']:6.1f} us  "
-                   f"ours {row['ours_us']:6.1f} us ({nbytes / row['ours_us'] / 1e6:.2f} TB/s) err {err:.1e}"
+                   f"ours {row['ours_us']:6.1f} us ({nbytes / row['ours_us'] / 1e6:.2f} TB/s; "
+                   f"{row['ours_no_pdl_us']:6.1f} us without PDL) err {err:.1e}"
                    + (f"  best {row['best_us']:6.1f} us {row['best']}" if args.sweep else ""))
         del weights
         torch.cuda.empty_cache()

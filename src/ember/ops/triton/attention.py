@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.ops.triton import pdl
+from ember.ops.triton.pdl import release_dependents, wait_prior
+
 from ember.worker.attn_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
@@ -60,7 +63,10 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -108,7 +114,10 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     part = (seq * tl.num_programs(1) + head) * NUM_SPLITS_PAD
@@ -153,8 +162,10 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2)
@@ -243,12 +254,12 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
         out.stride(0), out.stride(1),
         GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), BLOCK_N=64 if on_gpu else 16,
-        NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split, num_warps=4, num_stages=2, **flags,
+        NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split, num_warps=4, num_stages=2, **flags, **pdl.launch_args(q.device),
     )
     if is_split:
         _decode_merge_kernel[(num_seqs, q.shape[1])](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
+            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4, **pdl.launch_args(q.device),
         )
 
 
@@ -266,6 +277,7 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
         out.stride(0), out.stride(1),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if on_gpu else 4, num_stages=3 if on_gpu else 1, **flags,
+        **pdl.launch_args(q.device),
     )
 
 

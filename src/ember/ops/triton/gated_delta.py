@@ -17,11 +17,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.ops.triton import pdl
+from ember.ops.triton.pdl import release_dependents, wait_prior
+
 
 @triton.jit
 def _conv_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, read_ptr, write_ptr, num_channels,
                       stride_x, stride_w, stride_slot, stride_ch, stride_out,
-                      KERNEL: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr):
+                      KERNEL: tl.constexpr, K_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
+                      USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col = tl.arange(0, K_PAD)
@@ -54,7 +60,10 @@ def _conv_step_kernel(x_ptr, w_ptr, state_ptr, out_ptr, read_ptr, write_ptr, num
 def _delta_rule_step_kernel(x_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, read_ptr, write_ptr, scale,
                             stride_x, stride_g, stride_beta, stride_slot, stride_out,
                             NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K: tl.constexpr,
-                            HEAD_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+                            HEAD_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                            USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     kh = head // (NUM_V_HEADS // NUM_K_HEADS)  # each key head serves consecutive value heads
@@ -102,7 +111,7 @@ def gated_delta_decode(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.
     _conv_step_kernel[(num_seqs, triton.cdiv(conv_dim, block_c))](
         mixed, conv_weight, conv_state, conv_out, read_slots, write_slots, conv_dim,
         mixed.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_out.stride(0),
-        KERNEL=kernel, K_PAD=triton.next_power_of_2(kernel), BLOCK_C=block_c, num_warps=4,
+        KERNEL=kernel, K_PAD=triton.next_power_of_2(kernel), BLOCK_C=block_c, num_warps=4, **pdl.launch_args(mixed.device),
     )
     block_k = max(16, triton.next_power_of_2(head_k))
     block_v = min(max(16, triton.next_power_of_2(head_v)), 32 if block_k >= 128 else 64)
@@ -110,6 +119,6 @@ def gated_delta_decode(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.
         conv_out, g, beta, ssm_state, core, read_slots, write_slots, head_k**-0.5,
         conv_out.stride(0), g.stride(0), beta.stride(0), ssm_state.stride(0), core.stride(0),
         NUM_K_HEADS=num_k_heads, NUM_V_HEADS=num_v_heads, HEAD_K=head_k, HEAD_V=head_v,
-        BLOCK_K=block_k, BLOCK_V=block_v, num_warps=4,
+        BLOCK_K=block_k, BLOCK_V=block_v, num_warps=4, **pdl.launch_args(mixed.device),
     )
     return core

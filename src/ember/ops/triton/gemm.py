@@ -24,7 +24,9 @@ import triton.language as tl
 
 from ember.ops.activation import gated
 from ember.ops.triton.activation import silu_and_mul
+from ember.ops.triton import pdl
 from ember.ops.triton.norm import add_rms_norm, rms_norm
+from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # The norm prologue re-reads x (+ residual, + norm weight) in every program: ~40 KB per program against ~32 KB of
 # weight tile. Where launch latency dominates (small projections, e.g. qwen3-0.6b's) fusing saves a kernel and its
@@ -47,12 +49,18 @@ def _act(x, ACT: tl.constexpr):
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, K, eps, stride_wn,
                  ACT: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     dtype = x_ptr.dtype.element_ty
+    # the first weight tile is loaded before waiting on the kernel before: weights are no kernel's output, so with
+    # PDL this load overlaps that kernel's tail; each iteration below then loads the next tile
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     rstd = 0.0
     if NORM:  # pass 1: the residual sum (stored once) and its mean square
         sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -67,12 +75,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
             sf = s.to(tl.float32)
             sq += sf * sf
         rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
         if NORM:
             if HAS_RES:
@@ -86,6 +92,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
             up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
             x = (_act(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
         acc += x.to(tl.float32)[None, :] * w.to(tl.float32)
+        k_next = k + BLOCK_K  # all masked on the last iteration: no memory traffic
+        w = tl.load(w_rows + k_next[None, :], mask=n_mask[:, None] & (k_next < K)[None, :], other=0.0)
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -119,7 +127,7 @@ def launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         residual if residual is not None else x, res_out if res_out is not None else out,
         nw if nw is not None else weight, n, k, eps, weight.stride(0),
         ACT=ACT_CODES[act] if act else 0, NORM=norm is not None, HAS_RES=residual is not None,
-        UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, **cfg)
+        UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, **cfg, **pdl.launch_args(x.device))
     return out, res_out
 
 

@@ -9,11 +9,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.ops.triton import pdl
+from ember.ops.triton.pdl import release_dependents, wait_prior
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                      stride_x, stride_r, stride_o, stride_ro,
-                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
+                     USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -45,6 +51,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     _rms_norm_kernel[(x2.shape[0],)](
         x2, res2, weight, out, res_out, n, eps, x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0),
         BLOCK=block, HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, num_warps=num_warps,
+        **pdl.launch_args(x.device),
     )
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
 

@@ -10,6 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.ops.triton import pdl
+from ember.ops.triton.pdl import release_dependents, wait_prior
+
 
 @triton.jit
 def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
@@ -48,8 +51,10 @@ def _prepare_qkv_kernel(
     qkv_ptr, positions_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr,
     eps, stride_t, stride_slot, num_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr,
+    ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     row = qkv_ptr + t * stride_t
     k_row = row + num_heads * HEAD_DIM
@@ -95,7 +100,7 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
         eps, qkv.stride(0), kv_cache.stride(2), num_heads, num_kv_heads,
         HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
         D_PAD=triton.next_power_of_2(head_dim), ROT_DIM=rot_dim if has_rope else 0,
-        HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk, num_warps=4,
+        HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk, num_warps=4, **pdl.launch_args(qkv.device),
     )
 
 
