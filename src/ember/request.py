@@ -28,6 +28,10 @@ class RequestStatus(enum.IntEnum):
 # a module constant: looking a member up on its enum class costs ~0.1 us, and this is read per request per step
 _FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
 
+# an output token sampled by a step still running on the device (async scheduling): counted in every length, fed to
+# the next step from the device copy of the sample, never hashed, detokenized or sent; replaced when the step ends
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass(slots=True, eq=False)
 class Request:
@@ -48,6 +52,7 @@ class Request:
     num_registered_blocks: int = 0  # leading blocks already entered in the prefix cache
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    num_placeholders: int = 0  # trailing PLACEHOLDER_TOKEN_IDs in output_token_ids (0 or 1)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -56,6 +61,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """num_tokens without the placeholders of a step still in flight."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_placeholders
 
     def token_at(self, i: int) -> int:
         n = len(self.prompt_token_ids)

@@ -1,6 +1,12 @@
 """Token-budget scheduler (no prefill/decode phases). Each step spends max_num_batched_tokens over running
 requests first (decodes and unfinished prefill chunks), then admits waiting ones, reusing cached prefixes.
-When the pool runs dry the most recently admitted request is preempted and later recomputed."""
+When the pool runs dry the most recently admitted request is preempted and later recomputed.
+
+A step's bookkeeping has two halves: `advance` once it is launched (computed counts move on, full blocks enter
+the prefix cache, each sampling request gets a placeholder token) and `complete` once its tokens are known
+(placeholders filled, stops checked, finished requests freed). With async scheduling the engine schedules step
+n+1 between the two halves of step n, so a decode may feed a placeholder: the runner takes it from the device
+copy of step n's sample."""
 from __future__ import annotations
 
 from collections import deque
@@ -9,8 +15,12 @@ from dataclasses import dataclass
 from ember.config import SchedulerConfig
 from ember.kv.managers import KVCacheManager
 from ember.kv.state_pool import StateStep
-from ember.request import Request, RequestStatus
+from ember.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from ember.sampling_params import SamplingParams
+
+# module constants: looking a member up on its enum class costs ~0.1 us, and these are read per request per step
+_FIRST_FINISHED = RequestStatus.FINISHED_STOPPED
+_PREEMPTED = RequestStatus.PREEMPTED
 
 
 @dataclass(slots=True)
@@ -43,6 +53,16 @@ class SchedulerOutput:
         return not self.seqs
 
 
+def _has_penalties(params: SamplingParams) -> bool:
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+
+def _needs_serial_step(seq: ScheduledSeq) -> bool:
+    """Penalties read the request's earlier tokens on the host; prompt logprobs are read to the host in the step."""
+    p = seq.params
+    return _has_penalties(p) or (p.prompt_logprobs is not None and seq.start_pos < len(seq.prompt_token_ids) - 1)
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager) -> None:
         self.cfg = cfg
@@ -50,12 +70,21 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self._serial_req_ids: set[str] = set()  # requests whose steps may need the serial order
 
     def add_request(self, request: Request) -> None:
         if request.req_id in self.requests:
             raise ValueError(f"request id {request.req_id!r} is already in use")
         self.requests[request.req_id] = request
         self.waiting.append(request)
+        if _has_penalties(request.params) or request.params.prompt_logprobs is not None:
+            self._serial_req_ids.add(request.req_id)
+
+    def can_overlap(self, out: SchedulerOutput) -> bool:
+        """False when the step must run in serial order: a request's sampling needs its previous token on the host
+        (penalties), or the step computes prompt logprobs (read to the host inside the step)."""
+        ids = self._serial_req_ids
+        return not ids or not any(_needs_serial_step(s) for s in out.seqs if s.req_id in ids)
 
     @property
     def num_unfinished(self) -> int:
@@ -78,9 +107,13 @@ class Scheduler:
         return n
 
     def _schedule_running(self, budget: int, scheduled: list, preempted: list[str]) -> int:
-        i = 0
+        i, max_len = 0, self.cfg.max_model_len
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.num_placeholders and (len(request.output_token_ids) >= request.max_tokens
+                                             or request.num_tokens >= max_len):
+                i += 1  # its last token is in flight and ends it on length: nothing left to compute
+                continue
             n = self._chunk(request, budget)
             while not self.kv.allocate(request, n):
                 victim = self.running.pop()
@@ -131,24 +164,50 @@ class Scheduler:
         )
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advances computed counts, appends sampled tokens, finishes requests that hit a stop condition.
-        Returns the requests that got a new token."""
-        updated = []
-        num_finished = 0
+        """Both halves of a step's bookkeeping at once (the serial order). Returns the requests with a new token."""
+        self.advance(out)
+        return self.complete(out, sampled)
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step is launched: its chunks count as computed, and each request that samples gets a placeholder
+        output token (so lengths, the sampler's counter and stops on length are right before the token is known).
+        Full computed blocks enter the prefix cache now: a step that reads them runs after this one on the device."""
+        requests, cache_computed = self.requests, self.kv.cache_computed
         for seq in out.seqs:
-            request = self.requests.get(seq.req_id)
-            if request is None or request.is_finished:
-                continue  # aborted while the step ran
+            request = requests.get(seq.req_id)
+            if request is None or request.status >= _FIRST_FINISHED:
+                continue  # ended (stop string, abort) since it was scheduled
             request.num_computed_tokens += len(seq.token_ids)
-            token = sampled.get(seq.req_id)
-            if token is not None:
-                request.output_token_ids.append(token)
-                self._check_stop(request, token)
-                updated.append(request)
-            self.kv.cache_computed(request)
-            if request.is_finished:
+            if seq.do_sample:
+                request.output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+                request.num_placeholders += 1
+            cache_computed(request)
+
+    def complete(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """The advanced step ended: fills its placeholders with the sampled tokens, finishes and frees requests
+        that hit a stop condition. Returns the requests that got a new token."""
+        updated = []
+        requests, num_finished = self.requests, 0
+        for seq in out.seqs:
+            request = requests.get(seq.req_id)
+            output_ids = seq.output_token_ids
+            if request is None or request.output_token_ids is not output_ids or request.status >= _FIRST_FINISHED:
+                continue  # ended while the step ran (its id may already belong to a new request)
+            if not seq.do_sample:
+                continue
+            token = sampled[seq.req_id]
+            assert output_ids[-1] == PLACEHOLDER_TOKEN_ID, "complete() without advance()"
+            output_ids[-1] = token
+            request.num_placeholders -= 1
+            status = request.status
+            self._check_stop(request, token)
+            updated.append(request)
+            if request.status >= _FIRST_FINISHED:
+                if status == _PREEMPTED:  # preempted while its last token was in flight
+                    self.waiting.remove(request)
                 self.kv.free(request)
-                del self.requests[request.req_id]
+                del requests[request.req_id]
+                self._serial_req_ids.discard(request.req_id)
                 num_finished += 1
         if num_finished:  # one pass, not a list.remove per finished request
             self.running[:] = [r for r in self.running if not r.is_finished]
@@ -174,6 +233,9 @@ class Scheduler:
         request.status = status
         if stop_reason is not None:
             request.stop_reason = stop_reason
+        if request.num_placeholders:  # aborted while its step ran: that token is never sent
+            del request.output_token_ids[-request.num_placeholders:]
+            request.num_placeholders = 0
         if request in self.waiting:
             self.waiting.remove(request)
         self._remove(request)
@@ -184,3 +246,4 @@ class Scheduler:
             self.running.remove(request)
         self.kv.free(request)
         self.requests.pop(request.req_id, None)
+        self._serial_req_ids.discard(request.req_id)

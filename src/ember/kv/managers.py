@@ -40,6 +40,7 @@ class KVCacheManager:
         self.states = states
         if states is not None:
             pool.on_evict = states.drop
+        self._deferred: dict[str, tuple[int, bytes]] = {}  # req_id -> (block index, stand-in snapshot key)
         # one full-attention group and no recurrent state: allocate without a prefix hit only grows block_ids
         self._is_plain = len(self.groups) == 1 and window is None and states is None
 
@@ -54,7 +55,7 @@ class KVCacheManager:
         return request.group_block_ids[g - 1]
 
     def _update_hashes(self, request: Request) -> None:
-        have, num_full = len(request.block_hashes), request.num_tokens // self.block_size
+        have, num_full = len(request.block_hashes), request.num_known_tokens // self.block_size
         if num_full <= have:
             return
         parent = request.block_hashes[-1] if have else None
@@ -144,6 +145,10 @@ class KVCacheManager:
     def cache_computed(self, request: Request) -> None:
         """Registers the request's full, computed blocks under their hashes (and its state snapshots)."""
         if self.states is not None:
+            deferred = self._deferred.pop(request.req_id, None)
+            if deferred is not None:  # its block's last token is known now
+                self._update_hashes(request)
+                self.states.set_snapshot_hash(request.req_id, deferred[1], request.block_hashes[deferred[0]])
             self.states.step_done(request.req_id)
         if not self.pool.enable_caching:
             return
@@ -160,7 +165,8 @@ class KVCacheManager:
 
     def plan_state(self, request: Request, num_new_tokens: int) -> StateStep | None:
         """Recurrent-state slots of the request's next chunk; None for attention-only models. Snapshots the
-        state at the last block boundary the chunk crosses, keyed by that block's hash."""
+        state at the last block boundary the chunk crosses, keyed by that block's hash. A block ending in a
+        placeholder token (async scheduling) is keyed by a stand-in until cache_computed knows its hash."""
         if self.states is None:
             return None
         start = request.num_computed_tokens
@@ -168,7 +174,12 @@ class KVCacheManager:
         snapshot_at = None
         if self.pool.enable_caching and boundary > start:
             self._update_hashes(request)
-            block_hash = request.block_hashes[boundary // self.block_size - 1]
+            index = boundary // self.block_size - 1
+            if index < len(request.block_hashes):
+                block_hash = request.block_hashes[index]
+            else:
+                block_hash = b"placeholder-snapshot:" + request.req_id.encode()  # longer than any 16-byte hash
+                self._deferred[request.req_id] = (index, block_hash)
             snapshot_at = (boundary - start, block_hash, boundary > request.num_prompt_tokens)
         return self.states.plan(request.req_id, start == 0, snapshot_at)
 
@@ -178,6 +189,7 @@ class KVCacheManager:
         request.block_ids, request.group_block_ids = [], []  # new lists: a scheduled step may still read the old
         request.num_registered_blocks = 0
         if self.states is not None:
+            self._deferred.pop(request.req_id, None)
             self.states.release(request.req_id)
 
     def can_ever_fit(self, num_tokens: int) -> bool:

@@ -109,6 +109,25 @@ class RecurrentStatePool:
                 self.drop(slots.last_output)
             slots.last_output, slots.pending_output = slots.pending_output, None
 
+    def set_snapshot_hash(self, req_id: str, stand_in: bytes, block_hash: bytes) -> None:
+        """Keys a pending snapshot planned under a stand-in (its block ended in a token not known at planning) by
+        its block's hash; if that block already has a snapshot, frees the slot as plan() would have skipped it."""
+        slots = self._requests.get(req_id)
+        if slots is None or stand_in not in slots.pending:
+            return  # released, or no slot was free at planning
+        slot = self._pending.pop(stand_in)
+        i = slots.pending.index(stand_in)
+        is_output = slots.pending_output == stand_in
+        if block_hash in self._snapshots or block_hash in self._pending:
+            del slots.pending[i]
+            self._free_snapshots.append(slot)  # its copy may still run: nothing reads a free slot
+            block_hash = None
+        else:
+            self._pending[block_hash] = slot
+            slots.pending[i] = block_hash
+        if is_output:
+            slots.pending_output = block_hash
+
     def release(self, req_id: str) -> None:
         """The request finished or was preempted: free its working slot and any snapshot not yet written."""
         slots = self._requests.pop(req_id, None)
