@@ -65,12 +65,13 @@ def make_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[in
 
 
 class StepTimer:
-    """Wraps EngineCore.step: wall time of each step and whether the runner saw a decode-only batch."""
+    """Wraps EngineCore.step: wall time of each step and whether the runner saw a decode-only batch (the batch
+    launched in that step; with async scheduling the step waits on the one before, of the same kind when steady)."""
 
     def __init__(self, engine) -> None:
         self.engine, self.steps, self.graph_events = engine, [], []
-        self._step, self._execute = engine.step, engine.runner.execute
-        engine.runner.execute = self._run
+        self._step, self._launch = engine.step, engine.runner.launch
+        engine.runner.launch = self._run
         engine.step = self._timed_step
         self.graphs = engine.runner.graphs
         if self.graphs is not None:
@@ -93,16 +94,17 @@ class StepTimer:
 
     def _run(self, out):
         self._kind = ("decode", len(out.seqs)) if all(len(s.token_ids) == 1 for s in out.seqs) else ("mixed", 0)
-        return self._execute(out)
+        return self._launch(out)
 
     def _timed_step(self):
+        self._kind = ("none", 0)  # a step that only finishes the one in flight launches nothing
         start = time.perf_counter()
         deltas = self._step()
         self.steps.append((*self._kind, time.perf_counter() - start))
         return deltas
 
     def close(self) -> None:
-        self.engine.step, self.engine.runner.execute = self._step, self._execute
+        self.engine.step, self.engine.runner.launch = self._step, self._launch
         if self.graphs is not None:
             self.graphs.run = self._graph_run
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -22,6 +23,9 @@ from ember.worker.state_cache import StateMetadata
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
+# (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
+FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
+
 
 def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.Tensor:
     return torch.zeros(shape, dtype=dtype, pin_memory=is_pinned)
@@ -30,11 +34,13 @@ def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.
 class CudaGraphRunner:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, num_kv_groups: int = 1, state_scratch_slot: int | None = None,
-                 use_graphs: bool = True) -> None:
+                 use_graphs: bool = True, fill_placeholders: FillPlaceholders | None = None) -> None:
         """state_scratch_slot: the slot padding rows write their recurrent state into (models with state slots).
         use_graphs=False keeps the static buffers and staging but no pinned memory, events or capture: run() calls
-        the forward on the static buffers (the CPU test of what a graph would read)."""
+        the forward on the static buffers (the CPU test of what a graph would read). fill_placeholders: called on
+        the static input ids once the staged ones are copied in, before the replay (the model runner's)."""
         self.model = model
+        self.fill_placeholders = fill_placeholders
         self.block_size = block_size
         self.num_kv_groups = num_kv_groups
         self.state_scratch_slot = state_scratch_slot
@@ -153,10 +159,12 @@ class CudaGraphRunner:
         n, groups = len(seqs), self.num_kv_groups
         b = self.padded_size(n)
         if self._staged is not None:
-            self._staged.synchronize()  # at once in the engine, which syncs on every step's sampled tokens
+            self._staged.synchronize()  # the last step's input copies, queued before its replay: done or nearly
         cols = self._stage(seqs, b)
         is_async = self.use_graphs
         self.input_ids[:b].copy_(self._h_i64[0, :b], non_blocking=is_async)
+        if self.fill_placeholders is not None:  # after the copy above, in stream order
+            self.fill_placeholders(self.input_ids, seqs, range(1, n + 1))
         self.positions[:b].copy_(self._h_i64[1, :b], non_blocking=is_async)
         if self.has_state:
             self.read_slots[:b].copy_(self._h_i64[2 + groups, :b], non_blocking=is_async)

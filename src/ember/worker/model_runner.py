@@ -1,5 +1,9 @@
 """The model runner owns every tensor: weights, the KV pool, step inputs. It turns a SchedulerOutput into
-sampled tokens and logprobs, and makes no scheduling decisions."""
+sampled tokens and logprobs, and makes no scheduling decisions.
+
+`launch` enqueues a step's device work and returns a `StepHandle` without waiting for the device; its `result()`
+is the one host sync. The runner keeps the last launched step's sampled ids on the device, so a decode that feeds a
+placeholder token (async scheduling: that sample is not on the host yet) takes it from there."""
 from __future__ import annotations
 
 import os
@@ -12,6 +16,7 @@ from ember.config import CacheConfig, ModelConfig
 from ember.kv.spec import (LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_groups, layer_kv_groups,
                            sliding_group_blocks, state_bytes_per_slot)
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
+from ember.request import PLACEHOLDER_TOKEN_ID
 from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 from ember.parallel import get_tp
@@ -38,6 +43,40 @@ class ModelRunnerOutput:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # prompt logprobs of this chunk's positions, one entry per prompt token after the first
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepHandle:
+    """A launched step. Its sampled ids (and logprobs) are copied to the host behind `ready`; result() waits."""
+
+    sample_seqs: list[ScheduledSeq]
+    token_ids: torch.Tensor | None = None  # [S] int64 host (pinned on CUDA), valid once `ready` has fired
+    logprobs: LogprobsTensors | None = None  # host copies, same rows
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    ready: torch.cuda.Event | None = None
+    _result: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._result is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self._result = self._build()
+        return self._result
+
+    def _build(self) -> ModelRunnerOutput:
+        seqs = self.sample_seqs
+        result = ModelRunnerOutput(prompt_logprobs=self.prompt_logprobs)
+        if not seqs:
+            return result
+        token_ids = self.token_ids.tolist()
+        result.sampled = dict(zip((s.req_id for s in seqs), token_ids))
+        if self.logprobs is not None:
+            rows = _rows(self.logprobs, len(seqs))
+            for seq, row in zip(seqs, rows):
+                if seq.params.logprobs is not None:
+                    k = seq.params.logprobs + 1
+                    result.logprobs[seq.req_id] = TokenLogprobs(row.token_ids[:k], row.logprobs[:k], row.rank)
+        return result
 
 
 @dataclass(slots=True)
@@ -78,7 +117,14 @@ def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
     return [TokenLogprobs(ids[i], vals[i], ranks[i]) for i in range(n)]
 
 
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """A device tensor copied into pinned host memory without waiting (the caller records an event after)."""
+    return x.to("cpu", non_blocking=True)
+
+
 class ModelRunner:
+    supports_async_scheduling = True  # launch() returns before the device ran the step
+
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, progress: bool = True) -> None:
         self.model_cfg = model_cfg
         self.cache_cfg = cache_cfg
@@ -100,6 +146,9 @@ class ModelRunner:
         self.state_cache = self._allocate_state()
         self.sampler = Sampler()
         self.vocab_size = self.model.args.vocab_size
+        # the last launched step's sampled ids, still on the device, and whose they are (row order)
+        self._last_token_ids: torch.Tensor | None = None
+        self._last_req_ids: list[str] = []
         self.graphs: CudaGraphRunner | None = None
         if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
             self.graphs = self.make_graph_runner(GRAPH_BATCH_SIZES[-1])
@@ -110,7 +159,7 @@ class ModelRunner:
         max_blocks = -(-self.model_cfg.max_model_len // self.block_size)
         scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
         return CudaGraphRunner(self.model, max_num_seqs, max_blocks, self.block_size, self.device,
-                               max(1, len(self.kv_groups)), scratch, use_graphs)
+                               max(1, len(self.kv_groups)), scratch, use_graphs, self._fill_placeholders)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -191,6 +240,8 @@ class ModelRunner:
         def t(x, dtype):
             return _device_tensor(x, dtype, dev)
 
+        ids = t(input_ids, torch.int64)
+        self._fill_placeholders(ids, out.seqs, starts[1:])
         meta = AttentionMetadata(
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
             block_tables=t(tables, torch.int32), max_query_len=max(len(s.token_ids) for s in out.seqs),
@@ -199,7 +250,7 @@ class ModelRunner:
         )
         if len(self.kv_groups) > 1:
             meta.groups = [meta] + [self._group_meta(meta, out, g, t) for g in range(1, len(self.kv_groups))]
-        return StepInputs(t(input_ids, torch.int64), t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
+        return StepInputs(ids, t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
 
     def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t) -> AttentionMetadata:
         """The step's metadata with KV group `group`'s slots and block tables."""
@@ -211,24 +262,46 @@ class ModelRunner:
         tables = [(ids := seq.group_block_ids[group - 1][:width]) + [0] * (width - len(ids)) for seq in out.seqs]
         return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
 
-    @torch.inference_mode()
+    def _fill_placeholders(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq], ends) -> None:
+        """Writes the last launched step's samples into the rows of input_ids that feed them as placeholders (the
+        last token of a chunk; ends[i] is one past seq i's last row). A device gather and copy: no host sync."""
+        rows, src_req_ids = [], []
+        for seq, end in zip(seqs, ends):
+            if seq.token_ids[-1] == PLACEHOLDER_TOKEN_ID:
+                rows.append(end - 1)
+                src_req_ids.append(seq.req_id)
+        if not rows:
+            return
+        assert self._last_token_ids is not None, "a placeholder token without a launched step to take it from"
+        if src_req_ids == self._last_req_ids and rows[-1] == len(rows) - 1:  # steady decode: rows 0.., in order
+            input_ids[:len(rows)].copy_(self._last_token_ids)
+            return
+        index = {req_id: i for i, req_id in enumerate(self._last_req_ids)}
+        src = _device_tensor([index[r] for r in src_req_ids], torch.int64, self.device)
+        input_ids.index_copy_(0, _device_tensor(rows, torch.int64, self.device), self._last_token_ids.index_select(0, src))
+
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """launch + result: one step in serial order."""
+        return self.launch(out).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        """Enqueues the step's forward and sampling; returns before the device has run them."""
         if self.graphs is not None and self.graphs.can_run(out.seqs):
-            result = ModelRunnerOutput()
             logits = self.graphs.run(out.seqs)
             self._copy_decode_snapshots(out.seqs)
-            self._sample(logits, out.seqs, result)
-            return result
+            return self._sample(logits, out.seqs, StepHandle(out.seqs))
         inputs = self._prepare(out)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         if inputs.meta.is_decode_only:  # prefill chunks took their snapshots inside the layers
             self._copy_decode_snapshots(out.seqs)
-        result = ModelRunnerOutput()
-        self._prompt_logprobs(out, hidden, inputs, result)
-        if inputs.sample_seqs:
-            logits = self.model.compute_logits(hidden[inputs.sample_idx]).float()
-            self._sample(logits, inputs.sample_seqs, result)
-        return result
+        handle = StepHandle(inputs.sample_seqs)
+        self._prompt_logprobs(out, hidden, inputs, handle.prompt_logprobs)
+        if not inputs.sample_seqs:
+            self._last_token_ids, self._last_req_ids = None, []
+            return handle
+        logits = self.model.compute_logits(hidden[inputs.sample_idx]).float()
+        return self._sample(logits, inputs.sample_seqs, handle)
 
     def _copy_decode_snapshots(self, seqs: list[ScheduledSeq]) -> None:
         """A decode step's snapshots: each working slot with one due is copied into its snapshot slot (the state
@@ -239,29 +312,35 @@ class ModelRunner:
             self.state_cache.copy_slots(_device_tensor(src, torch.int64, self.device),
                                         _device_tensor(dst, torch.int64, self.device))
 
-    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], result: ModelRunnerOutput) -> None:
+    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], handle: StepHandle) -> StepHandle:
+        """Samples on the device, keeps the ids there for the next step's placeholders and starts their copy to
+        the host (with logprobs), behind an event on CUDA."""
+        lp = None
         if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata
-            result.sampled.update(zip((s.req_id for s in seqs), logits.argmax(dim=-1).tolist()))
-            return
-        rows = [
-            SamplingRow(s.params, s.seed, len(s.output_token_ids), s.prompt_token_ids, s.output_token_ids,
-                        (s.eos_token_ids if not s.params.ignore_eos else []) + s.params.stop_token_ids)
-            for s in seqs
-        ]
-        # built on the host and copied asynchronously: no sync while the forward may still run
-        meta = SamplingMetadata.build(rows, logits.shape[-1], "cpu")
-        sampled = self.sampler(logits, _to_device(meta, self.device))
-        token_ids = sampled.sampled_token_ids.tolist()
-        lp_rows = _rows(sampled.logprobs, len(seqs)) if sampled.logprobs is not None else None
-        for i, seq in enumerate(seqs):
-            result.sampled[seq.req_id] = token_ids[i]
-            if lp_rows is not None and seq.params.logprobs is not None:
-                row = lp_rows[i]
-                k = seq.params.logprobs + 1
-                result.logprobs[seq.req_id] = TokenLogprobs(row.token_ids[:k], row.logprobs[:k], row.rank)
+            token_ids = logits.argmax(dim=-1)
+        else:
+            # len(output_token_ids) counts a placeholder of the step before, so the noise counter is the serial one
+            rows = [
+                SamplingRow(s.params, s.seed, len(s.output_token_ids), s.prompt_token_ids, s.output_token_ids,
+                            (s.eos_token_ids if not s.params.ignore_eos else []) + s.params.stop_token_ids)
+                for s in seqs
+            ]
+            # built on the host and copied asynchronously: no sync while the forward may still run
+            meta = SamplingMetadata.build(rows, logits.shape[-1], "cpu")
+            sampled = self.sampler(logits, _to_device(meta, self.device))
+            token_ids, lp = sampled.sampled_token_ids, sampled.logprobs
+        self._last_token_ids, self._last_req_ids = token_ids, [s.req_id for s in seqs]
+        handle.token_ids = _to_host(token_ids)
+        if lp is not None:
+            handle.logprobs = LogprobsTensors(_to_host(lp.token_ids), _to_host(lp.logprobs), _to_host(lp.ranks))
+        if self.device.type == "cuda":
+            handle.ready = torch.cuda.Event()
+            handle.ready.record()
+        return handle
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, inputs: StepInputs,
-                         result: ModelRunnerOutput) -> None:
+                         result: dict[str, list[TokenLogprobs]]) -> None:
+        """Read to the host here (a sync): the engine runs steps with prompt logprobs in serial order."""
         start_row = 0
         for seq in out.seqs:
             n = len(seq.token_ids)
@@ -273,5 +352,5 @@ class ModelRunner:
                 count = last - seq.start_pos
                 logits = self.model.compute_logits(hidden[start_row:start_row + count]).float()
                 targets = torch.tensor(seq.prompt_token_ids[seq.start_pos + 1:last + 1], device=self.device)
-                result.prompt_logprobs[seq.req_id] = _rows(compute_logprobs(logits, targets, k), count)
+                result[seq.req_id] = _rows(compute_logprobs(logits, targets, k), count)
             start_row += n
