@@ -110,6 +110,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     long_prefill_token_threshold: int = 0  # >0 caps one request's share of a step's budget
+    # schedule step n+1 while the device runs step n (its samples are placeholders until then); False: serial
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -31,7 +31,7 @@ class LLM:
                  max_model_len: int | None = None, kv_cache_gb: float | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  load_format: str = "safetensors", seed: int = 0, progress: bool = True,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, async_scheduling: bool = True) -> None:
         if model is None:
             from ember.demo import demo_model_dir
             model = demo_model_dir()
@@ -41,7 +41,8 @@ class LLM:
             from ember.tokenizer.tokenizer import Tokenizer
             tokenizer = Tokenizer.from_dir(model_cfg.model)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_gb=kv_cache_gb, enable_prefix_caching=enable_prefix_caching)
-        sched_cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, model_cfg.max_model_len)
+        sched_cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, model_cfg.max_model_len,
+                                    async_scheduling=async_scheduling)
         self.engine = EngineCore(model_cfg, cache_cfg, sched_cfg, tokenizer, progress, tensor_parallel_size)
         self.tokenizer = tokenizer
         self._ids = itertools.count()

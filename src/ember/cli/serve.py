@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable KV prefix caching")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="finish each engine step before scheduling the next (no host/device overlap)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
               "so every reply is meaningless demo text", file=sys.stderr)
         args.model = str(demo_model_dir())
     llm = build_llm(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                    enable_prefix_caching=not args.no_prefix_caching, progress=sys.stderr.isatty())
+                    enable_prefix_caching=not args.no_prefix_caching,
+                    async_scheduling=not args.no_async_scheduling, progress=sys.stderr.isatty())
     engine = AsyncEngine(llm.engine).start()
     app = build_app(engine, name, args.api_key)
     # uvicorn's own grace period is a backstop: the engine drain below normally ends every stream first

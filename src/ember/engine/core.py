@@ -1,4 +1,5 @@
-"""EngineCore: the step loop. schedule -> execute -> update -> detokenize, all on one thread."""
+"""EngineCore: the step loop, on one thread. Serial order: schedule -> execute -> update -> detokenize. With async
+scheduling (the default) the host work of a step overlaps the device's previous one (see EngineCore.step)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -11,14 +12,14 @@ from pathlib import Path
 from ember.config import CacheConfig, ModelConfig, SchedulerConfig
 from ember.engine.output_processor import OutputProcessor
 from ember.engine.outputs import RequestDelta
-from ember.engine.scheduler import Scheduler
+from ember.engine.scheduler import Scheduler, SchedulerOutput
 from ember.kv.block_pool import BlockPool
 from ember.kv.managers import BlockGroup, KVCacheManager
 from ember.kv.prefix_hash import cache_namespace, file_fingerprint
 from ember.kv.state_pool import RecurrentStatePool
 from ember.request import Request, RequestStatus
 from ember.sampling_params import SamplingParams
-from ember.worker.model_runner import ModelRunner
+from ember.worker.model_runner import ModelRunner, ModelRunnerOutput, StepHandle
 
 if TYPE_CHECKING:
     from ember.tokenizer.tokenizer import Tokenizer
@@ -74,6 +75,10 @@ class EngineCore:
         self.kv = self._kv_manager()
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.outputs = OutputProcessor(tokenizer)
+        # needs a runner that launches without waiting; the tensor-parallel executor runs steps in serial order
+        self.is_async = (self.sched_cfg.async_scheduling and tensor_parallel_size == 1
+                         and getattr(self.runner, "supports_async_scheduling", False))
+        self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # launched and advanced, not completed
 
     def _kv_manager(self) -> KVCacheManager:
         """One block pool per KV group of the runner (full attention, then each sliding window)."""
@@ -152,17 +157,39 @@ class EngineCore:
             close()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or self._in_flight is not None
 
     def step(self) -> list[RequestDelta]:
+        """Schedules and launches step n; with async scheduling, then finishes step n-1 while the device runs n
+        and returns n-1's deltas. The scheduler sees n-1's samples as placeholders, which the runner fills on the
+        device. Steps that cannot overlap (penalties, prompt logprobs; no async runner) run in serial order."""
         out = self.scheduler.schedule()
-        if out.is_empty:
+        if not self.is_async or out.is_empty or not self.scheduler.can_overlap(out):
+            deltas = self._finish_in_flight()
+            if not out.is_empty:
+                result = self.runner.execute(out)
+                self.scheduler.advance(out)
+                deltas += self._process(out, result)
+            return deltas
+        handle = self.runner.launch(out)
+        deltas = self._finish_in_flight()  # the one wait: for step n-1, while the device runs step n
+        self.scheduler.advance(out)
+        self._in_flight = (out, handle)
+        return deltas
+
+    def _finish_in_flight(self) -> list[RequestDelta]:
+        if self._in_flight is None:
             return []
-        result = self.runner.execute(out)
+        out, handle = self._in_flight
+        self._in_flight = None
+        return self._process(out, handle.result())
+
+    def _process(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestDelta]:
+        """A step's tokens into the scheduler (stops, caching, frees) and the output processor (text, deltas)."""
         for req_id, rows in result.prompt_logprobs.items():
             if req_id in self.outputs.states:
                 self.outputs.add_prompt_logprobs(req_id, rows)
-        updated = self.scheduler.update(out, result.sampled)
+        updated = self.scheduler.complete(out, result.sampled)
         deltas = []
         for request in updated:
             lp = result.logprobs.get(request.req_id)
