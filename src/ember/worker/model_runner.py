@@ -246,7 +246,7 @@ class ModelRunner:
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
             block_tables=t(tables, torch.int32), max_query_len=max(len(s.token_ids) for s in out.seqs),
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-            state=StateMetadata.build(out.seqs, dev),
+            state=_to_device(StateMetadata.build(out.seqs, torch.device("cpu")), dev),  # no sync: a step may run
         )
         if len(self.kv_groups) > 1:
             meta.groups = [meta] + [self._group_meta(meta, out, g, t) for g in range(1, len(self.kv_groups))]
