@@ -110,10 +110,11 @@ class Scheduler:
         i, max_len = 0, self.cfg.max_model_len
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.num_placeholders and (len(request.output_token_ids) >= request.max_tokens
-                                             or request.num_tokens >= max_len):
-                i += 1  # its last token is in flight and ends it on length: nothing left to compute
-                continue
+            if request.num_placeholders:
+                num_out = len(request.output_token_ids)
+                if num_out >= request.max_tokens or num_out + len(request.prompt_token_ids) >= max_len:
+                    i += 1  # its last token is in flight and ends it on length: nothing left to compute
+                    continue
             n = self._chunk(request, budget)
             while not self.kv.allocate(request, n):
                 victim = self.running.pop()
