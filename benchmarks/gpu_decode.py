@@ -140,6 +140,15 @@ def profile_graph_step(llm, batch: int, log) -> None:
         for _ in range(5):
             graphs.graphs[batch].replay()
         torch.cuda.synchronize()
+    # a burst of 5 replays against 300 back to back: sustained load may lower the clocks (power limit)
+    for count in (5, 300):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            graphs.graphs[batch].replay()
+        end.record()
+        torch.cuda.synchronize()
+        log(f"batch {batch}: {count} replays back to back, {start.elapsed_time(end) / count:.3f} ms each")
     log(f"profile of 5 replays, batch {batch}:\n"
         + prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
 

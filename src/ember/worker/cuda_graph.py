@@ -85,7 +85,7 @@ class CudaGraphRunner:
 
     def _forward(self, b: int, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.model(self.input_ids[:b], self.positions[:b], meta)
-        return self.model.compute_logits(hidden).float()
+        return self.model.compute_logits(hidden)  # model dtype: greedy argmax needs no float32 copy
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -154,8 +154,8 @@ class CudaGraphRunner:
         return cols
 
     def run(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """Copies the step's inputs into the static buffers and replays; returns logits [n, V] float32 (a view
-        of the graph's output, valid until the next replay)."""
+        """Copies the step's inputs into the static buffers and replays; returns logits [n, V] in the model dtype
+        (a view of the graph's output, valid until the next replay)."""
         n, groups = len(seqs), self.num_kv_groups
         b = self.padded_size(n)
         if self._staged is not None:

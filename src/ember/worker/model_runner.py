@@ -300,7 +300,7 @@ class ModelRunner:
         if not inputs.sample_seqs:
             self._last_token_ids, self._last_req_ids = None, []
             return handle
-        logits = self.model.compute_logits(hidden[inputs.sample_idx]).float()
+        logits = self.model.compute_logits(hidden[inputs.sample_idx])
         return self._sample(logits, inputs.sample_seqs, handle)
 
     def _copy_decode_snapshots(self, seqs: list[ScheduledSeq]) -> None:
@@ -317,8 +317,9 @@ class ModelRunner:
         the host (with logprobs), behind an event on CUDA."""
         lp = None
         if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata
-            token_ids = logits.argmax(dim=-1)
+            token_ids = logits.argmax(dim=-1)  # in the model dtype: float32 would round-trip the same values
         else:
+            logits = logits.float()
             # len(output_token_ids) counts a placeholder of the step before, so the noise counter is the serial one
             rows = [
                 SamplingRow(s.params, s.seed, len(s.output_token_ids), s.prompt_token_ids, s.output_token_ids,
