@@ -46,7 +46,7 @@ def gpu_teacher_forced(llm: LLM, tokens: list[int], prompt_len: int) -> torch.Te
         for pos in range(prompt_len, len(tokens)):
             seq = _seq([tokens[pos]], pos, blocks)
             assert runner.graphs.can_run([seq])
-            rows.append(runner.graphs.run([seq]).float())
+            rows.append(runner.graphs.run([seq]).float().clone())  # a view of the graph output otherwise
     return torch.cat(rows)
 
 
@@ -118,7 +118,7 @@ def test_graph_logits_match_eager_logits(hf_models):
     gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1)
     runner = gpu.engine.runner
     seqs = [_seq([5 + i], 20 + 9 * i, [1 + 4 * i, 2 + 4 * i, 3 + 4 * i, 4 + 4 * i]) for i in range(3)]
-    graph = runner.graphs.run(seqs).float()
+    graph = runner.graphs.run(seqs).float().clone()
     inputs = runner._prepare(SchedulerOutput(seqs, 3, []))
     with torch.inference_mode():
         eager = runner.model.compute_logits(runner.model(inputs.input_ids, inputs.positions, inputs.meta)).float()
