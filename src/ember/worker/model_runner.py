@@ -278,7 +278,8 @@ class ModelRunner:
             return
         index = {req_id: i for i, req_id in enumerate(self._last_req_ids)}
         src = _device_tensor([index[r] for r in src_req_ids], torch.int64, self.device)
-        input_ids.index_copy_(0, _device_tensor(rows, torch.int64, self.device), self._last_token_ids.index_select(0, src))
+        rows_dev = _device_tensor(rows, torch.int64, self.device)
+        input_ids.index_copy_(0, rows_dev, self._last_token_ids.index_select(0, src))
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """launch + result: one step in serial order."""

@@ -259,7 +259,8 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     if is_split:
         _decode_merge_kernel[(num_seqs, q.shape[1])](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4, **pdl.launch_args(q.device),
+            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
+            **pdl.launch_args(q.device),
         )
 
 

@@ -111,7 +111,8 @@ def gated_delta_decode(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.
     _conv_step_kernel[(num_seqs, triton.cdiv(conv_dim, block_c))](
         mixed, conv_weight, conv_state, conv_out, read_slots, write_slots, conv_dim,
         mixed.stride(0), conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_out.stride(0),
-        KERNEL=kernel, K_PAD=triton.next_power_of_2(kernel), BLOCK_C=block_c, num_warps=4, **pdl.launch_args(mixed.device),
+        KERNEL=kernel, K_PAD=triton.next_power_of_2(kernel), BLOCK_C=block_c, num_warps=4,
+        **pdl.launch_args(mixed.device),
     )
     block_k = max(16, triton.next_power_of_2(head_k))
     block_v = min(max(16, triton.next_power_of_2(head_v)), 32 if block_k >= 128 else 64)
