@@ -4,7 +4,6 @@ prefill, preemption, eos / stop tokens / stop strings / length stops, and recurr
 token is a function of (request, position), so both orders see the same streams and must end the same."""
 from __future__ import annotations
 
-import random
 import zlib
 
 import pytest
@@ -13,34 +12,11 @@ from ember.config import SchedulerConfig
 from ember.engine.scheduler import Scheduler, SchedulerOutput
 from ember.kv.block_pool import BlockPool
 from ember.kv.managers import KVCacheManager
-from ember.kv.prefix_hash import cache_namespace, hash_blocks
+from ember.kv.prefix_hash import hash_blocks
 from ember.kv.state_pool import RecurrentStatePool
 from ember.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from ember.sampling_params import SamplingParams
-
-NS = cache_namespace("m", "f32")
-BLOCK = 4
-EOS = 0
-
-
-def workload(seed: int, max_model_len: int, max_total: int) -> list[tuple[int, Request]]:
-    """(step to add it at, request): prompts sharing prefixes, stop tokens, min_tokens; each fits max_total."""
-    rng = random.Random(seed)
-    base = [rng.randrange(1, 40) for _ in range(24)]
-    plan = []
-    for i in range(rng.randrange(4, 10)):
-        prompt = base[:rng.randrange(0, 24)] + [rng.randrange(1, 40) for _ in range(rng.randrange(1, 12))]
-        prompt = prompt[:min(max_model_len, max_total) - 1]
-        max_tokens = min(rng.randrange(1, 20), max_total - len(prompt))  # the context limit may stop it first
-        params = SamplingParams(max_tokens=max_tokens, min_tokens=min(max_tokens, rng.choice([0, 0, 3])),
-                                stop_token_ids=rng.choice([[], [], [5]]), ignore_eos=rng.random() < 0.3)
-        plan.append((rng.randrange(0, 8), Request(f"r{i}", prompt, params, 0, [EOS], max_tokens)))
-    return plan
-
-
-def token_for(req_id: str, position: int) -> int:
-    """The 'sampled' token: a function of the request and position only."""
-    return zlib.crc32(f"{req_id}:{position}".encode()) % 12  # small ids: eos (0) and stop token 5 do occur
+from tests.engine.scheduler_workloads import BLOCK, EOS, NS, sample, workload
 
 
 def is_stop_string(req_id: str, num_tokens: int) -> bool:
@@ -52,10 +28,6 @@ def make_scheduler(num_blocks: int, budget: int, max_model_len: int, with_state:
     states = RecurrentStatePool(4, 6) if with_state else None
     kv = KVCacheManager(BlockPool(num_blocks), BLOCK, NS, states)
     return Scheduler(SchedulerConfig(4, budget, max_model_len), kv)
-
-
-def sample(out: SchedulerOutput) -> dict[str, int]:
-    return {q.req_id: token_for(q.req_id, q.start_pos + len(q.token_ids)) for q in out.seqs if q.do_sample}
 
 
 def process_outputs(s: Scheduler, updated: list[Request]) -> None:
@@ -134,9 +106,9 @@ CASES = [(64, 32, 1024), (14, 8, 1024), (14, 16, 24), (10, 6, 1024)]  # roomy; p
 def test_async_order_ends_as_the_serial_order(seed, num_blocks, budget, max_model_len, with_state):
     max_total = (num_blocks - 1) * BLOCK
     serial = run_serial(make_scheduler(num_blocks, budget, max_model_len, with_state),
-                        workload(seed, max_model_len, max_total))
+                        workload(seed, 20, max_total, max_model_len))
     ours = run_async(make_scheduler(num_blocks, budget, max_model_len, with_state),
-                     workload(seed, max_model_len, max_total))
+                     workload(seed, 20, max_total, max_model_len))
     assert ours == serial
 
 
@@ -153,7 +125,7 @@ def test_the_workloads_preempt_with_tokens_in_flight():
             preempt(request)
 
         s._preempt = spy
-        run_async(s, workload(seed, 1024, 9 * BLOCK))
+        run_async(s, workload(seed, 20, 9 * BLOCK, 1024))
     assert count > 0
 
 

@@ -3,41 +3,16 @@ finished requests) against the general code, on random workloads with shared pre
 preemption, eos / stop tokens and the context limit."""
 from __future__ import annotations
 
-import random
-import zlib
-
 import pytest
 
 from ember.config import SchedulerConfig
 from ember.engine.scheduler import Scheduler
 from ember.kv.block_pool import BlockPool
 from ember.kv.managers import KVCacheManager
-from ember.kv.prefix_hash import cache_namespace, hash_blocks
+from ember.kv.prefix_hash import hash_blocks
 from ember.request import Request, RequestStatus
 from ember.sampling_params import SamplingParams
-
-NS = cache_namespace("m", "f32")
-BLOCK = 4
-EOS = 0
-
-
-def workload(seed: int) -> list[tuple[int, Request]]:
-    """(step to add it at, request): prompts sharing prefixes, some with stop tokens or a min_tokens."""
-    rng = random.Random(seed)
-    base = [rng.randrange(1, 40) for _ in range(24)]
-    plan = []
-    for i in range(rng.randrange(4, 10)):
-        prompt = base[:rng.randrange(0, 24)] + [rng.randrange(1, 40) for _ in range(rng.randrange(1, 12))]
-        max_tokens = rng.randrange(1, 14)
-        params = SamplingParams(max_tokens=max_tokens, min_tokens=min(max_tokens, rng.choice([0, 0, 3])),
-                                stop_token_ids=rng.choice([[], [], [5]]), ignore_eos=rng.random() < 0.3)
-        plan.append((rng.randrange(0, 8), Request(f"r{i}", prompt, params, 0, [EOS], max_tokens)))
-    return plan
-
-
-def token_for(req_id: str, position: int) -> int:
-    """The 'sampled' token: a function of the request and position only, so both runs see the same stream."""
-    return zlib.crc32(f"{req_id}:{position}".encode()) % 12  # small ids: eos (0) and stop token 5 do occur
+from tests.engine.scheduler_workloads import BLOCK, EOS, NS, sample, workload
 
 
 def check_registered(kv: KVCacheManager, request: Request) -> None:
@@ -65,7 +40,7 @@ def simulate(seed: int, plain: bool, num_blocks: int, budget: int, max_model_len
         out = s.schedule()
         trace.append([(q.req_id, list(q.token_ids), q.start_pos, list(q.block_ids), q.do_sample) for q in out.seqs]
                      + [out.preempted_req_ids])
-        sampled = {q.req_id: token_for(q.req_id, q.start_pos + len(q.token_ids)) for q in out.seqs if q.do_sample}
+        sampled = sample(out)
         s.update(out, sampled)
         for request in s.running:
             check_registered(kv, request)
@@ -99,7 +74,7 @@ def _run_plan(seed: int, num_blocks: int, budget: int) -> list[tuple[int, Reques
             if at == step:
                 s.add_request(request)
         out = s.schedule()
-        s.update(out, {q.req_id: token_for(q.req_id, q.start_pos + len(q.token_ids)) for q in out.seqs if q.do_sample})
+        s.update(out, sample(out))
     return plan
 
 
