@@ -75,7 +75,8 @@ class EngineCore:
         self.kv = self._kv_manager()
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.outputs = OutputProcessor(tokenizer)
-        # needs a runner that launches without waiting; the tensor-parallel executor runs steps in serial order
+        # needs a runner that launches without waiting; the tensor-parallel executor runs steps in serial order (its
+        # __getattr__ forwards to rank 0's ModelRunner, so supports_async_scheduling alone would read True there)
         self.is_async = (self.sched_cfg.async_scheduling and tensor_parallel_size == 1
                          and getattr(self.runner, "supports_async_scheduling", False))
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # launched and advanced, not completed
