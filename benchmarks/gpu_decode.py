@@ -171,6 +171,26 @@ def profile_host(llm, batch: int, vocab: int, log) -> None:
     log(f"host profile, batch {batch}, 32 steps:\n" + text.getvalue())
 
 
+def profile_run(llm, batch: int, vocab: int, log) -> None:
+    """Per-kernel device time over one real run at this batch (prompt 128, 256 output tokens): the kernels the
+    scheduler's steps launch at their real context lengths and at the clocks the sustained load allows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ember import SamplingParams
+
+    params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(make_prompts(batch, 128, vocab, seed=11), params)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e3
+    log(f"real run, batch {batch}: {wall * 1e3:.0f} ms wall (profiled), {busy:.0f} ms of kernels\n"
+        + events.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
 def bench_prefill(llm, prompt_len: int, vocab: int) -> dict:
     from ember import SamplingParams
 
@@ -274,6 +294,8 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
         for batch in (1, max(batches)):
             profile_graph_step(llm, batch, log)
         profile_host(llm, max(batches), vocab, log)
+    if args.profile_run:
+        profile_run(llm, max(batches), vocab, log)
     try:
         p = bench_prefill(llm, min(args.prefill_len, max_model_len - 1), vocab)
         flops = prefill_flops(cfg, body_params, p["prefill_tokens"])
@@ -339,6 +361,7 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
+    ap.add_argument("--profile-run", action="store_true", help="log per-kernel times over one real run at the largest batch")
     ap.add_argument("--out", default=None, help="path prefix: writes PREFIX.txt and PREFIX.json")
     args = ap.parse_args()
     log_path = Path(args.out + ".log") if args.out else None

@@ -63,12 +63,19 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
+    # HEADS_FIRST: grid (kv_heads, seqs, splits), so the programs of one sequence's heads run side by side
+    if HEADS_FIRST:
+        seq = tl.program_id(1).to(tl.int64)
+        kv_head = tl.program_id(0)
+        num_kv_heads = tl.num_programs(0)
+    else:
+        seq = tl.program_id(0).to(tl.int64)
+        kv_head = tl.program_id(1)
+        num_kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     lo = 0
@@ -101,7 +108,7 @@ def _decode_kernel(
         m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
     if IS_SPLIT:  # partial results: [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
-        part = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS_PAD + split
+        part = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD + split
         g_mask = offs_g < GROUP
         tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
         tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
@@ -234,11 +241,19 @@ def _common(q: torch.Tensor, kv_cache: torch.Tensor, scale: float, sliding_windo
     return dict(k=k_cache, v=v_cache, **args), flags
 
 
-def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
+def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
+    """Launch parameters of the decode kernel for a batch; `benchmarks/attention.py` sweeps alternatives."""
+    on_gpu = device.type == "cuda"
+    return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
+                num_warps=4, num_stages=2, HEADS_FIRST=False)
+
+
+def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None):
     num_seqs = meta.num_seqs
     num_kv_heads = kv_cache.shape[3]
     c, flags = _common(q, kv_cache, scale, sliding_window, softcap)
-    num_splits = decode_num_splits(num_seqs, num_kv_heads, q.device)
+    cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device))
+    num_splits = cfg.pop("num_splits")
     is_split = num_splits > 1
     d_pad = flags["D_PAD"]
     if is_split:
@@ -246,15 +261,15 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
         part_ml = torch.empty(num_seqs, q.shape[1], MAX_SPLITS, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
-    on_gpu = q.is_cuda
     bt = meta.block_tables
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FIRST"] else (num_seqs, num_kv_heads, num_splits)
+    _decode_kernel[grid](
         q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
         c["scale_log2"], c["softcap"], c["window"], num_splits,
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
         out.stride(0), out.stride(1),
-        GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), BLOCK_N=64 if on_gpu else 16,
-        NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split, num_warps=4, num_stages=2, **flags, **pdl.launch_args(q.device),
+        GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split,
+        **cfg, **flags, **pdl.launch_args(q.device),
     )
     if is_split:
         _decode_merge_kernel[(num_seqs, q.shape[1])](

@@ -1,0 +1,175 @@
+"""Paged decode attention on one GPU against the KV-bytes roofline and PyTorch SDPA over contiguous KV.
+
+A decode step at batch B and context C must read B * C * 2 * kv_heads * head_dim * 2 bytes of KV per layer; this
+times ember's Triton decode kernel (ember.ops.triton.attention) over those bytes and reports TB/s against the
+measured copy bandwidth. Each timing replays a CUDA graph of 32 launches that cycle over separate KV pools (>= 1 GB
+in all), like the layers of a model, so KV comes from HBM and launch gaps are those of a captured step. Block
+tables are a random permutation of the pool, as after the scheduler has interleaved many sequences' allocations.
+
+Two memory layouts of the same pool are compared through strides: NHD ([block, slot, kv_head, dim], ember's) and
+HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The peer is SDPA (flash backend) on
+contiguous [B, H, C, D] tensors, which reads the same bytes without a block table.
+
+    python benchmarks/attention.py [--sweep] [--out benchmarks/results/NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ember.ops.triton import attention
+from ember.worker.attn_metadata import AttentionMetadata
+
+HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}  # q heads, kv heads, head dim
+BLOCK_SIZE = 16
+LAUNCHES = 32
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(2**30, device="cuda", dtype=torch.int16)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / (graph_ms([lambda: dst.copy_(src)] * 4) / 4) * 1e3
+
+
+def graph_ms(calls, replays: int = 10) -> float:
+    """Median device milliseconds of one replay of a graph launching `calls` in order."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+class Case:
+    """KV pools, block tables and queries for batch x context, in one layout."""
+
+    def __init__(self, heads: tuple[int, int, int], batch: int, ctx: int, layout: str, seed: int = 0) -> None:
+        hq, hkv, d = heads
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        blocks_per_seq = -(-ctx // BLOCK_SIZE)
+        num_blocks = batch * blocks_per_seq
+        pool_bytes = 2 * num_blocks * BLOCK_SIZE * hkv * d * 2
+        self.num_pools = max(2, min(LAUNCHES, -(-2**30 // pool_bytes)))
+        self.pools = []
+        for _ in range(self.num_pools):
+            if layout == "NHD":
+                kv = torch.randn(2, num_blocks, BLOCK_SIZE, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            else:  # HND storage, viewed as [2, block, slot, head, dim] through strides
+                kv = torch.randn(2, num_blocks, hkv, BLOCK_SIZE, d, device="cuda", dtype=torch.bfloat16,
+                                 generator=g).transpose(2, 3)
+            self.pools.append(kv)
+        perm = torch.randperm(num_blocks, device="cuda", generator=g).to(torch.int32)
+        self.block_tables = perm.view(batch, blocks_per_seq)
+        self.q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.out = torch.empty_like(self.q)
+        self.meta = AttentionMetadata(
+            slot_mapping=torch.zeros(batch, dtype=torch.int64, device="cuda"),
+            query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
+            seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device="cuda"),
+            block_tables=self.block_tables, max_query_len=1, max_seq_len=ctx,
+            query_start_loc_cpu=list(range(batch + 1)), seq_lens_cpu=[ctx] * batch)
+        self.scale = d**-0.5
+        self.kv_bytes = batch * ctx * 2 * hkv * d * 2
+        self.heads, self.batch, self.ctx = heads, batch, ctx
+
+    def launch(self, pool: int, config: dict | None):
+        kv = self.pools[pool % self.num_pools]
+        return lambda: attention._decode(self.q, kv, self.meta, self.out, self.scale, None, None, config)
+
+    def time_us(self, config: dict | None = None) -> float:
+        return graph_ms([self.launch(i, config) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
+
+    def reference(self, pool: int = 0) -> torch.Tensor:
+        """SDPA over the sequences' KV gathered into contiguous [B, H, C, D]."""
+        k, v = self.contiguous_kv(pool)
+        return F.scaled_dot_product_attention(self.q[:, :, None], k, v, scale=self.scale, enable_gqa=True)[:, :, 0]
+
+    def contiguous_kv(self, pool: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = self.pools[pool][:, self.block_tables.long()]  # [2, B, blocks, slot, head, dim]
+        kv = kv.flatten(2, 3)[:, :, :self.ctx].transpose(2, 3)  # [2, B, head, C, dim]
+        return kv[0].contiguous(), kv[1].contiguous()
+
+    def sdpa_us(self) -> float:
+        kvs = [self.contiguous_kv(i) for i in range(min(self.num_pools, 4))]
+        q = self.q[:, :, None]
+
+        def call(k, v):
+            return lambda: F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=True)
+
+        return graph_ms([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
+
+
+def sweep_configs():
+    for bn, w, s, splits, heads_first in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2), (False, True)):
+        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--heads", default="qwen3-8b", choices=sorted(HEADS))
+    ap.add_argument("--cases", default="1x2048,64x2048,256x128,256x256,256x384",
+                    help="BATCHxCONTEXT, comma-separated")
+    ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    rows = []
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    for (batch, ctx), layout in tqdm(list(itertools.product(cases, ("NHD", "HND"))), desc="cases"):
+        case = Case(HEADS[args.heads], batch, ctx, layout)
+        default = attention.decode_config(batch, case.heads[1], case.q.device)
+        attention._decode(case.q, case.pools[0], case.meta, case.out, case.scale, None, None)
+        ref = case.reference()
+        err = ((case.out.float() - ref.float()).norm() / ref.float().norm()).item()
+        row = dict(heads=args.heads, batch=batch, ctx=ctx, layout=layout, kv_mb=case.kv_bytes / 1e6, rel_err=err,
+                   default=default, us=case.time_us())
+        if layout == "NHD":
+            row["sdpa_us"] = case.sdpa_us()
+        if args.sweep:
+            best = (row["us"], default)
+            for cfg in sweep_configs():
+                try:
+                    t = case.time_us(cfg)
+                except Exception as e:  # a config the compiler rejects (registers, shared memory)
+                    tqdm.write(f"  skip {cfg}: {type(e).__name__}")
+                    continue
+                best = min(best, (t, cfg), key=lambda b: b[0])
+            row.update(best_us=best[0], best=best[1])
+        rows.append(row)
+        tb = case.kv_bytes / row["us"] / 1e6
+        tqdm.write(f"B={batch:4d} C={ctx:5d} {layout}: {row['us']:7.1f} us  {tb:.2f} TB/s "
+                   f"({100 * tb * 1e12 / bandwidth:.0f}% of copy) err {err:.1e}"
+                   + (f"  sdpa {row['sdpa_us']:7.1f} us" if "sdpa_us" in row else "")
+                   + (f"  best {row['best_us']:7.1f} us ({case.kv_bytes / row['best_us'] / 1e6:.2f} TB/s) {row['best']}"
+                      if args.sweep else ""))
+        del case
+        torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bandwidth=bandwidth,
+                                                           rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
