@@ -8,7 +8,10 @@ tables are a random permutation of the pool, as after the scheduler has interlea
 
 Two memory layouts of the same pool are compared through strides: NHD ([block, slot, kv_head, dim], ember's) and
 HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The peer is SDPA (flash backend) on
-contiguous [B, H, C, D] tensors, which reads the same bytes without a block table.
+contiguous [B, H, C, D] tensors, which reads the same bytes without a block table. For NHD it also times the whole
+decode attention of a layer from the qkv projection's output: qkv_attention (one kernel: q/k norm, rotary, KV
+write, attention) against prepare_qkv + paged_attention (two kernels). --prefill-cases times the prefill kernel
+on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch.
 
     python benchmarks/attention.py [--sweep] [--out benchmarks/results/NAME]
 """
@@ -35,6 +38,8 @@ LAUNCHES = 32
 def copy_bandwidth() -> float:
     src = torch.empty(2**30, device="cuda", dtype=torch.int16)
     dst = torch.empty_like(src)
+    for _ in range(100):  # ~0.5 s of copies first: the clocks leave idle
+        dst.copy_(src)
     return 2 * src.numel() * 2 / (graph_ms([lambda: dst.copy_(src)] * 4) / 4) * 1e3
 
 
@@ -90,12 +95,34 @@ class Case:
             block_tables=self.block_tables, max_query_len=1, max_seq_len=ctx,
             query_start_loc_cpu=list(range(batch + 1)), seq_lens_cpu=[ctx] * batch)
         self.scale = d**-0.5
+        self.qkv = torch.randn(batch, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.positions = (self.meta.seq_lens - 1).long()
+        inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d))
+        emb = torch.arange(ctx + 1, device="cuda").float()[:, None] * torch.cat([inv, inv])[None, :]
+        self.qk = dict(num_heads=hq, num_kv_heads=hkv, q_norm_weight=torch.ones(d, device="cuda", dtype=torch.bfloat16),
+                       k_norm_weight=torch.ones(d, device="cuda", dtype=torch.bfloat16), norm_eps=1e-6,
+                       cos_sin=torch.cat([emb.cos(), emb.sin()], -1), rot_dim=d)
         self.kv_bytes = batch * ctx * 2 * hkv * d * 2
         self.heads, self.batch, self.ctx = heads, batch, ctx
 
     def launch(self, pool: int, config: dict | None):
         kv = self.pools[pool % self.num_pools]
         return lambda: attention._decode(self.q, kv, self.meta, self.out, self.scale, None, None, config)
+
+    def layer_us(self, fused: bool) -> float:
+        """The layer's attention from qkv rows: one fused kernel, or prepare_qkv then paged_attention."""
+        def call(pool):
+            kv = self.pools[pool % self.num_pools]
+            if fused:
+                return lambda: attention.qkv_attention(self.qkv, self.positions, kv, self.meta, scale=self.scale,
+                                                       **self.qk)
+            qk = self.qk
+            return lambda: attention.paged_attention(
+                attention.prepare_qkv(self.qkv, self.positions, kv, self.meta.slot_mapping, qk["num_heads"],
+                                      qk["num_kv_heads"], qk["q_norm_weight"], qk["k_norm_weight"], 1e-6,
+                                      qk["cos_sin"], qk["rot_dim"]), kv, self.meta, self.scale)
+
+        return graph_ms([call(i) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
 
     def time_us(self, config: dict | None = None) -> float:
         return graph_ms([self.launch(i, config) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
@@ -120,6 +147,38 @@ class Case:
         return graph_ms([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
 
 
+def prefill_case(heads: tuple[int, int, int], seqs: int, length: int) -> dict:
+    """Fresh prompts (no cached context): ember's paged prefill kernel against SDPA causal on [seqs, H, length, D]."""
+    hq, hkv, d = heads
+    g = torch.Generator(device="cuda").manual_seed(1)
+    blocks = -(-length // BLOCK_SIZE)
+    pool = torch.randn(2, seqs * blocks, BLOCK_SIZE, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    tables = torch.randperm(seqs * blocks, device="cuda", generator=g).to(torch.int32).view(seqs, blocks)
+    q = torch.randn(seqs * length, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    starts = list(range(0, seqs * length + 1, length))
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(seqs * length, dtype=torch.int64, device="cuda"),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device="cuda"),
+        seq_lens=torch.full((seqs,), length, dtype=torch.int32, device="cuda"), block_tables=tables,
+        max_query_len=length, max_seq_len=length, query_start_loc_cpu=starts, seq_lens_cpu=[length] * seqs)
+    scale = d**-0.5
+    kv = pool[:, tables.long()].flatten(2, 3)[:, :, :length].transpose(2, 3)  # [2, seqs, hkv, length, d]
+    k, v = kv[0].contiguous(), kv[1].contiguous()
+    qb = q.view(seqs, length, hq, d).transpose(1, 2)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+    out = attention.paged_attention(q, pool, meta, scale)
+    ref = sdpa().transpose(1, 2).reshape_as(out)
+    flops = 2 * seqs * length * length * hq * d  # QK^T + PV over the causal half
+    us = graph_ms([lambda: attention.paged_attention(q, pool, meta, scale)] * 8) / 8 * 1e3
+    sdpa_us = graph_ms([sdpa] * 8) / 8 * 1e3
+    return dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
+                sdpa_tflops=flops / sdpa_us * 1e-6,
+                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
+
+
 def sweep_configs():
     for bn, w, s, splits, heads_first in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2), (False, True)):
         yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first)
@@ -130,6 +189,8 @@ def main() -> None:
     ap.add_argument("--heads", default="qwen3-8b", choices=sorted(HEADS))
     ap.add_argument("--cases", default="1x2048,64x2048,256x128,256x256,256x384",
                     help="BATCHxCONTEXT, comma-separated")
+    ap.add_argument("--layouts", default="NHD,HND")
+    ap.add_argument("--prefill-cases", default="64x128,8x1024,1x8192", help="SEQSxLEN fresh prompts, comma-separated")
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -137,7 +198,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
-    for (batch, ctx), layout in tqdm(list(itertools.product(cases, ("NHD", "HND"))), desc="cases"):
+    for (batch, ctx), layout in tqdm(list(itertools.product(cases, args.layouts.split(","))), desc="cases"):
         case = Case(HEADS[args.heads], batch, ctx, layout)
         default = attention.decode_config(batch, case.heads[1], case.q.device)
         attention._decode(case.q, case.pools[0], case.meta, case.out, case.scale, None, None)
@@ -147,6 +208,7 @@ def main() -> None:
                    default=default, us=case.time_us())
         if layout == "NHD":
             row["sdpa_us"] = case.sdpa_us()
+            row["fused_us"], row["unfused_us"] = case.layer_us(True), case.layer_us(False)
         if args.sweep:
             best = (row["us"], default)
             for cfg in sweep_configs():
@@ -161,11 +223,18 @@ def main() -> None:
         tb = case.kv_bytes / row["us"] / 1e6
         tqdm.write(f"B={batch:4d} C={ctx:5d} {layout}: {row['us']:7.1f} us  {tb:.2f} TB/s "
                    f"({100 * tb * 1e12 / bandwidth:.0f}% of copy) err {err:.1e}"
-                   + (f"  sdpa {row['sdpa_us']:7.1f} us" if "sdpa_us" in row else "")
+                   + (f"  sdpa {row['sdpa_us']:7.1f} us; from qkv: fused {row['fused_us']:7.1f} us, "
+                      f"prepare + attention {row['unfused_us']:7.1f} us" if "sdpa_us" in row else "")
                    + (f"  best {row['best_us']:7.1f} us ({case.kv_bytes / row['best_us'] / 1e6:.2f} TB/s) {row['best']}"
                       if args.sweep else ""))
         del case
         torch.cuda.empty_cache()
+    for spec in args.prefill_cases.split(",") if args.prefill_cases else []:
+        seqs, length = (int(x) for x in spec.split("x"))
+        row = prefill_case(HEADS[args.heads], seqs, length)
+        rows.append(row)
+        tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) err {row['rel_err']:.1e}  "
+                   f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)")
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bandwidth=bandwidth,
                                                            rows=rows), indent=1))

@@ -143,6 +143,84 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
 
 
+def _qkv_decode_case(heads, kv_heads, head_dim, rot_dim, norm, num_seqs, dtype, seed):
+    """A decode step's qkv rows, positions and weights over _batch's pool (whose new-token slots hold stale KV)."""
+    context = [(37 * i + 5) % 90 for i in range(num_seqs)]
+    context[0] = 0  # a sequence whose only token is the query
+    _, pool, meta = _batch([1] * num_seqs, context, heads, kv_heads, head_dim, dtype, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    qkv = torch.randn(num_seqs, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    positions = (meta.seq_lens - 1).long()
+    weights = [(1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype) if norm else None for _ in range(2)]
+    cos_sin = _cos_sin(256, rot_dim) if rot_dim else None
+    return qkv, positions, pool, meta, dict(num_heads=heads, num_kv_heads=kv_heads, q_norm_weight=weights[0],
+                                            k_norm_weight=weights[1], norm_eps=1e-6, cos_sin=cos_sin, rot_dim=rot_dim)
+
+
+def _cpu(x):
+    return x.cpu().float() if isinstance(x, torch.Tensor) else x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
+@pytest.mark.parametrize("rot_dim,norm", [(0, False), (None, True), (8, False)])  # None: the full head dim
+@pytest.mark.parametrize("num_seqs", [1, 9])
+def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, softcap, rot_dim, norm, num_seqs):
+    """One kernel (norms, rotary, KV write, attention, split merge) against prepare_qkv + paged_attention in
+    float32 on CPU: the same output, and the new tokens' k and v in the pool."""
+    rot_dim = head_dim if rot_dim is None else rot_dim
+    qkv, positions, pool, meta, kw = _qkv_decode_case(heads, kv_heads, head_dim, rot_dim, norm, num_seqs, dtype,
+                                                      seed=heads * 10 + num_seqs)
+    scale = head_dim ** -0.5
+    tensors = {f.name: getattr(meta, f.name) for f in fields(meta)}
+    cpu_meta = replace(meta, **{k: v.cpu() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    ref_pool = _cpu(pool)
+    ref = ref_attn.qkv_attention(_cpu(qkv), positions.cpu(), ref_pool, cpu_meta, scale=scale, sliding_window=window,
+                                 softcap=softcap, **{k: _cpu(v) for k, v in kw.items()})
+    for _ in range(2):  # twice: the merge's arrival counters are back at zero after each launch
+        got_pool = pool.clone()
+        got = tri.qkv_attention(qkv, positions, got_pool, meta, scale=scale, sliding_window=window, softcap=softcap,
+                                **kw)
+        close(got, ref.to(DEVICE), dtype)
+        slots = meta.slot_mapping.cpu()
+        for i in range(2):
+            written = got_pool[i].flatten(0, 1).cpu().float()[slots]
+            close(written, ref_pool[i].flatten(0, 1)[slots], dtype)
+        assert torch.equal(got_pool.flatten(1, 2)[:, ~torch.isin(torch.arange(got_pool[0].flatten(0, 1).shape[0]),
+                                                                   slots)],
+                           pool.flatten(1, 2)[:, ~torch.isin(torch.arange(pool[0].flatten(0, 1).shape[0]), slots)])
+
+
+@pytest.mark.parametrize("config", [
+    dict(num_splits=1, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),
+    dict(num_splits=3, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True),
+    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),  # most splits are empty
+])
+def test_decode_launch_configs_agree(config):
+    """Every grid order and split count the benchmark sweeps gives the reference's output, fused or not."""
+    from ember.ops.triton import attention as tri_attn
+
+    dtype = DTYPES[0]
+    qkv, positions, pool, meta, kw = _qkv_decode_case(8, 2, 32, 32, True, 5, dtype, seed=3)
+    ref_pool = pool.clone()
+    ref = ref_attn.qkv_attention(qkv, positions, ref_pool, meta, scale=0.2, **kw)
+    got = torch.empty_like(ref)
+    tri_attn._decode(qkv, pool, meta, got, 0.2, None, None, config=config, fused=dict(kw, positions=positions))
+    close(got, ref, dtype)
+    q = ref_attn.prepare_qkv(qkv.clone(), positions, pool.clone(), meta.slot_mapping, 8, 2, kw["q_norm_weight"],
+                             kw["k_norm_weight"], 1e-6, kw["cos_sin"], 32)
+    tri_attn._decode(q, ref_pool, meta, got, 0.2, None, None, config=config)
+    close(got, ref, dtype)
+
+
+def test_qkv_attention_decode_skips_negative_slots():
+    qkv, positions, pool, meta, kw = _qkv_decode_case(4, 2, 16, 16, False, 3, DTYPES[0], seed=4)
+    meta = replace(meta, slot_mapping=torch.full_like(meta.slot_mapping, -1))
+    before = pool.clone()
+    tri.qkv_attention(qkv, positions, pool, meta, scale=0.25, **kw)
+    assert torch.equal(pool, before)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
 def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, softcap):

@@ -59,12 +59,12 @@ class Attention(nn.Module):
         meta = meta.for_group(self.kv_group)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
         has_norm, rotary = self.q_norm is not None, self.rotary
-        # q/k norm, rotary and the KV write are one op (one kernel on CUDA)
-        q = ops.prepare_qkv(
-            qkv, positions, self.kv_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads,
+        # q/k norm, rotary, the KV write and attention are one op (one kernel for a decode step on CUDA)
+        out = ops.qkv_attention(
+            qkv, positions, self.kv_cache, meta, self.num_heads, self.num_kv_heads,
             self.q_norm.weight if has_norm else None, self.k_norm.weight if has_norm else None,
             self.q_norm.eps if has_norm else 1e-6,
             rotary.cos_sin(qkv.device) if rotary is not None else None, rotary.rot_dim if rotary is not None else 0,
+            self.scale, self.sliding_window, self.softcap,
         )
-        out = ops.paged_attention(q, self.kv_cache, meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -35,6 +35,7 @@ def _select(name: str, reference: Callable) -> Callable:
 write_kv = _select("write_kv", attention.write_kv)
 paged_attention = _select("paged_attention", attention.paged_attention)
 prepare_qkv = _select("prepare_qkv", attention.prepare_qkv)
+qkv_attention = _select("qkv_attention", attention.qkv_attention)
 rms_norm = _select("rms_norm", norm.rms_norm)
 add_rms_norm = _select("add_rms_norm", norm.add_rms_norm)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
@@ -43,4 +44,4 @@ gated_linear = _select("gated_linear", gemm.gated_linear)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 
 __all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention",
-           "prepare_qkv", "rms_norm", "rms_norm_linear", "triton_enabled", "write_kv"]
+           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "triton_enabled", "write_kv"]

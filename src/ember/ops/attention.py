@@ -48,6 +48,18 @@ def prepare_qkv(
     return q
 
 
+def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                  num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
+                  k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+                  cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
+                  sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Everything from the qkv projection's output to the attention output: prepare_qkv (norms, rotary, KV write)
+    then paged_attention. qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq, D]. One op so a GPU decode step can fuse it."""
+    q = prepare_qkv(qkv, positions, kv_cache, meta.slot_mapping, num_heads, num_kv_heads, q_norm_weight,
+                    k_norm_weight, norm_eps, cos_sin, rot_dim)
+    return paged_attention(q, kv_cache, meta, scale, sliding_window, softcap)
+
+
 def _softcap_scores(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores if not softcap else softcap * torch.tanh(scores / softcap)
 

@@ -1,11 +1,14 @@
 """Paged attention over the block pool [2, num_blocks, block_size, num_kv_heads, head_dim]: a decode kernel
 (one query per sequence) and a prefill kernel (any query lengths, cached context included). Online softmax as
 in FlashAttention (Dao et al., arXiv:2205.14135); decode splits each sequence's keys over a fixed number of
-programs (flash-decoding) and merges the partial results in a second kernel.
+programs (flash-decoding), and the last program of a sequence's head to finish merges the partial results (an
+arrival counter; no second kernel). qkv_attention's decode also does prepare_qkv's work in the same kernel: each
+program norms and rotates its query heads, and one program per kv head writes the new token's k and v into the
+pool and attends to it from registers. A decode step's attention is one kernel per layer.
 
 Nothing here reads host-side lengths except the grid sizes (number of sequences, longest query), so a decode
 step can be captured in a CUDA graph: each program finds its sequence's length and blocks on the device.
-Same contract as ember.ops.attention.paged_attention.
+Same contracts as ember.ops.attention.paged_attention and qkv_attention.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import triton.language as tl
 
 from ember.ops.triton import pdl
 from ember.ops.triton.pdl import release_dependents, wait_prior
+from ember.ops.triton.qkv import _norm_rope, prepare_qkv
 
 from ember.worker.attn_metadata import AttentionMetadata
 
@@ -23,15 +27,20 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _scores(q, k, scale_log2, softcap, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    # q [M, D], k [N, D] -> scores [M, N] in log2 units
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+def _cap(s, scale_log2, softcap, HAS_SOFTCAP: tl.constexpr):
+    # raw q.k -> scaled (and soft-capped) scores in log2 units
     if HAS_SOFTCAP:
         s = s * (scale_log2 / 1.4426950408889634)
         s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0) * 1.4426950408889634  # softcap * tanh(s / softcap)
     else:
         s = s * scale_log2
     return s
+
+
+@triton.jit
+def _scores(q, k, scale_log2, softcap, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    # q [M, D], k [N, D] -> scores [M, N] in log2 units
+    return _cap(tl.dot(q, tl.trans(k), input_precision=PRECISION), scale_log2, softcap, HAS_SOFTCAP)
 
 
 @triton.jit
@@ -57,14 +66,21 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    positions_ptr, slot_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, eps,
     scale_log2, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, FUSED_QKV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
+    ROT_DIM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    """One program per (sequence, kv head, split): the GROUP query heads of that kv head against the split's keys.
+
+    FUSED_QKV: q_ptr is the qkv projection's output; the program does prepare_qkv's work for its heads (q/k norm,
+    rotary), takes the new token's k and v from registers and writes them into the pool (the last split's program).
+    IS_SPLIT: the last program of a (sequence, kv head) to finish merges the splits' partial results."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     # HEADS_FIRST: grid (kv_heads, seqs, splits), so the programs of one sequence's heads run side by side
@@ -78,67 +94,96 @@ def _decode_kernel(
         num_kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
-    first_tile = lo // BLOCK_N
-    num_tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
-    per_split = tl.cdiv(num_tiles, num_splits)
-    tile_begin = first_tile + split * per_split
-    tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
-
+    dtype = q_ptr.dtype.element_ty
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < HEAD_DIM
+    g_mask = offs_g < GROUP
     heads = kv_head * GROUP + offs_g
-    qo_mask = (offs_g < GROUP)[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=qo_mask, other=0.0)
+    qo_mask = g_mask[:, None] & d_mask[None, :]
+    row = q_ptr + seq * stride_qt
+    if FUSED_QKV:  # the same rounding as prepare_qkv, which stores q in the model dtype
+        cos_ptr = cos_sin_ptr
+        if HAS_ROPE:
+            cos_ptr = cos_sin_ptr + tl.load(positions_ptr + seq).to(tl.int64) * (2 * ROT_DIM)
+        q = _norm_rope(row + kv_head * GROUP * HEAD_DIM, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, GROUP,
+                       HEAD_DIM, GROUP_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(dtype)
+        kv_len = seq_len - 1  # keys in the pool; the new token's come from registers
+    else:
+        q = tl.load(row + heads[:, None] * stride_qh + offs_d[None, :], mask=qo_mask, other=0.0)
+        kv_len = seq_len
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    first_tile = lo // BLOCK_N
+    num_tiles = tl.maximum(tl.cdiv(kv_len, BLOCK_N) - first_tile, 0)
+    per_split = tl.cdiv(num_tiles, num_splits)
+    tile_begin = first_tile + split * per_split
+    tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
+
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     table = table_ptr + seq * stride_bt
     for tile in range(tile_begin, tile_end):
         pos = tile * BLOCK_N + offs_n
-        n_mask = (pos < seq_len) & (pos >= lo)
+        n_mask = (pos < kv_len) & (pos >= lo)
         k, v = _load_kv(k_ptr, v_ptr, table, pos, n_mask, d_mask, kv_head, offs_d,
                         stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
-        s = _scores(q, k.to(q.dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
+        s = _scores(q, k.to(dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
+        m_i, l_i, acc = _online_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
 
-    if IS_SPLIT:  # partial results: [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
-        part = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD + split
-        g_mask = offs_g < GROUP
-        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
-        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
+    if FUSED_QKV:
+        if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
+            num_q_heads = num_kv_heads * GROUP
+            k_new = _norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, 1,
+                               HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(k_ptr.dtype.element_ty)
+            v_new = tl.load(row + (num_q_heads + num_kv_heads + kv_head) * HEAD_DIM + offs_d[None, :],
+                            mask=d_mask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
+            slot = tl.load(slot_ptr + seq).to(tl.int64)
+            if slot >= 0:
+                off = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+                tl.store(k_ptr + off + offs_d[None, :], k_new, mask=d_mask[None, :])
+                tl.store(v_ptr + off + offs_d[None, :], v_new, mask=d_mask[None, :])
+            s = _cap(tl.sum(q.to(tl.float32) * k_new.to(dtype).to(tl.float32), axis=1), scale_log2, softcap,
+                     HAS_SOFTCAP)
+            m_new = tl.maximum(m_i, s)
+            p = tl.math.exp2(s - m_new)
+            alpha = tl.math.exp2(m_i - m_new)
+            acc = acc * alpha[:, None] + p.to(dtype).to(tl.float32)[:, None] * v_new.to(dtype).to(tl.float32)
+            l_i = l_i * alpha + p
+            m_i = m_new
+
+    o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    if IS_SPLIT:  # partial results [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
+        base = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD
+        tl.store(part_acc_ptr + (base + split)[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_ml_ptr + (base + split) * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + (base + split) * 2 + 1, l_i, mask=g_mask)
+        tl.debug_barrier()  # every thread's partials are written before the counter says so
+        lock = counter_ptr + seq * num_kv_heads + kv_head
+        if tl.atomic_add(lock, 1, sem="acq_rel") == num_splits - 1:  # the last split here merges them all
+            offs_s = tl.arange(0, NUM_SPLITS_PAD)
+            ml_mask = g_mask[:, None] & (offs_s < num_splits)[None, :]
+            ml = part_ml_ptr + (base[:, None] + offs_s[None, :]) * 2
+            m = tl.load(ml, mask=ml_mask, other=float("-inf"), cache_modifier=".cg")
+            l = tl.load(ml + 1, mask=ml_mask, other=0.0, cache_modifier=".cg")
+            m_max = tl.max(m, 1)
+            w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max)[:, None]))
+            acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+            for i in range(0, num_splits):
+                part = tl.load(part_acc_ptr + (base + i)[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
+                               other=0.0, cache_modifier=".cg")
+                acc += part * tl.sum(tl.where(offs_s[None, :] == i, w, 0.0), 1)[:, None]
+            l_sum = tl.sum(l * w, 1)
+            tl.store(o_ptr, (acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=qo_mask)
+            tl.store(lock, 0)  # ready for the next launch
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
-
-
-@triton.jit
-def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    wait_prior(USE_PDL)
-    release_dependents(USE_PDL)
-    seq = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS_PAD
-    offs_s = tl.arange(0, NUM_SPLITS_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    s_mask = offs_s < num_splits
-    m = tl.load(part_ml_ptr + (part + offs_s) * 2, mask=s_mask, other=float("-inf"))
-    l = tl.load(part_ml_ptr + (part + offs_s) * 2 + 1, mask=s_mask, other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))
-    acc = tl.load(part_acc_ptr + (part + offs_s)[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -229,58 +274,75 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) ->
     return max(1, min(MAX_SPLITS, 2 * _num_sms(device) // max(1, num_seqs * num_kv_heads)))
 
 
-def _common(q: torch.Tensor, kv_cache: torch.Tensor, scale: float, sliding_window: int | None,
+def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: float, sliding_window: int | None,
             softcap: float | None) -> tuple[dict, dict]:
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = kv_cache.shape[3]
+    head_dim, num_kv_heads = kv_cache.shape[4], kv_cache.shape[3]
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     args = dict(scale_log2=scale * LOG2E, softcap=float(softcap or 0.0), window=int(sliding_window or 0))
     flags = dict(GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, D_PAD=max(16, triton.next_power_of_2(head_dim)),
                  BLOCK_SIZE=kv_cache.shape[2], HAS_WINDOW=bool(sliding_window), HAS_SOFTCAP=bool(softcap),
-                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                 PRECISION="ieee" if dtype == torch.float32 else "tf32")
     return dict(k=k_cache, v=v_cache, **args), flags
 
 
 def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
-    """Launch parameters of the decode kernel for a batch; `benchmarks/attention.py` sweeps alternatives."""
+    """Launch parameters of the decode kernel for a batch, from a sweep on an H200 (benchmarks/attention.py
+    --sweep; results/2026-12-03-h200-attention-sweep.txt): a 3-stage pipeline and the heads of a sequence side by
+    side gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order."""
     on_gpu = device.type == "cuda"
     return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
-                num_warps=4, num_stages=2, HEADS_FIRST=False)
+                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu)
 
 
-def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None):
-    num_seqs = meta.num_seqs
+_split_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the split merge, one per (sequence, kv head), shared by every layer: each
+    launch's merging programs set theirs back to zero. Allocated outside graph capture (the warm-up before each
+    capture runs the same batch size), so every captured graph reads the same buffer."""
+    buf = _split_counters.get(device)
+    if buf is None or buf.numel() < n:
+        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), \
+            "split counters must be allocated before capture"
+        buf = _split_counters[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
+
+
+def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
+            fused: dict | None = None) -> None:
+    """q: [T, Hq, D], or with `fused` (qkv_attention's arguments) the qkv projection's output [T, (Hq + 2 Hkv) D]."""
+    num_seqs, num_heads = meta.num_seqs, out.shape[1]
     num_kv_heads = kv_cache.shape[3]
-    c, flags = _common(q, kv_cache, scale, sliding_window, softcap)
+    c, flags = _common(num_heads, q.dtype, kv_cache, scale, sliding_window, softcap)
     cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device))
     num_splits = cfg.pop("num_splits")
     is_split = num_splits > 1
-    d_pad = flags["D_PAD"]
     if is_split:
-        part_acc = torch.empty(num_seqs, q.shape[1], MAX_SPLITS, d_pad, dtype=torch.float32, device=q.device)
-        part_ml = torch.empty(num_seqs, q.shape[1], MAX_SPLITS, 2, dtype=torch.float32, device=q.device)
+        part_acc = torch.empty(num_seqs, num_heads, MAX_SPLITS, flags["D_PAD"], dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_seqs, num_heads, MAX_SPLITS, 2, dtype=torch.float32, device=q.device)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
     else:
-        part_acc = part_ml = out  # unused
+        part_acc = part_ml = counters = out  # unused
+    f = fused or {}
+    cos_sin, q_w = f.get("cos_sin"), f.get("q_norm_weight")
     bt = meta.block_tables
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FIRST"] else (num_seqs, num_kv_heads, num_splits)
     _decode_kernel[grid](
-        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
+        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml, counters,
+        f["positions"] if cos_sin is not None else q, meta.slot_mapping, q_w if q_w is not None else q,
+        f["k_norm_weight"] if q_w is not None else q, cos_sin if cos_sin is not None else q, f.get("norm_eps", 0.0),
         c["scale_log2"], c["softcap"], c["window"], num_splits,
-        q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
-        out.stride(0), out.stride(1),
+        q.stride(0), flags["HEAD_DIM"] if fused else q.stride(1), c["k"].stride(0), c["k"].stride(1),
+        c["k"].stride(2), bt.stride(0), out.stride(0), out.stride(1),
         GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split,
-        **cfg, **flags, **pdl.launch_args(q.device),
+        FUSED_QKV=fused is not None, HAS_NORM=q_w is not None, HAS_ROPE=cos_sin is not None,
+        ROT_DIM=f.get("rot_dim", 0) if cos_sin is not None else 0, **cfg, **flags, **pdl.launch_args(q.device),
     )
-    if is_split:
-        _decode_merge_kernel[(num_seqs, q.shape[1])](
-            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
-            HEAD_DIM=flags["HEAD_DIM"], D_PAD=d_pad, NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
-            **pdl.launch_args(q.device),
-        )
 
 
 def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
-    c, flags = _common(q, kv_cache, scale, sliding_window, softcap)
+    c, flags = _common(q.shape[1], q.dtype, kv_cache, scale, sliding_window, softcap)
     on_gpu = q.is_cuda
     block_m, block_n = (128, 64) if on_gpu else (16, 16)
     if on_gpu and flags["D_PAD"] > 128:
@@ -307,4 +369,24 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         _decode(q, kv_cache, meta, out, scale, sliding_window, softcap)
     else:
         _prefill(q, kv_cache, meta, out, scale, sliding_window, softcap)
+    return out
+
+
+def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                  num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
+                  k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
+                  cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
+                  sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """prepare_qkv then paged_attention (same contract as ember.ops.attention.qkv_attention). A decode step is one
+    kernel: each program norms and rotates its own heads, and the new token's KV is written from the registers
+    that attend to it."""
+    num_tokens, head_dim = qkv.shape[0], kv_cache.shape[-1]
+    if not (meta.is_decode_only and num_tokens == meta.num_seqs and qkv.stride(-1) == 1):
+        q = prepare_qkv(qkv, positions, kv_cache, meta.slot_mapping, num_heads, num_kv_heads, q_norm_weight,
+                        k_norm_weight, norm_eps, cos_sin, rot_dim)
+        return paged_attention(q, kv_cache, meta, scale, sliding_window, softcap)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    fused = dict(positions=positions, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,
+                 cos_sin=cos_sin, rot_dim=rot_dim)
+    _decode(qkv, kv_cache, meta, out, scale, sliding_window, softcap, fused=fused)
     return out
