@@ -69,7 +69,7 @@ class StepTimer:
     launched in that step; with async scheduling the step waits on the one before, of the same kind when steady)."""
 
     def __init__(self, engine) -> None:
-        self.engine, self.steps, self.graph_events = engine, [], []
+        self.engine, self.steps, self.graph_events, self.launch_events = engine, [], [], []
         self._step, self._launch = engine.step, engine.runner.launch
         engine.runner.launch = self._run
         engine.step = self._timed_step
@@ -94,7 +94,29 @@ class StepTimer:
 
     def _run(self, out):
         self._kind = ("decode", len(out.seqs)) if all(len(s.token_ids) == 1 for s in out.seqs) else ("mixed", 0)
-        return self._launch(out)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        handle = self._launch(out)
+        end.record()
+        self.launch_events.append((self._kind[0], sum(len(s.token_ids) for s in out.seqs), start, end))
+        return handle
+
+    def timeline(self, run_start: torch.cuda.Event, run_end: torch.cuda.Event) -> dict:
+        """Device time of the run by step kind, and the idle time between steps (the device waiting on the host)."""
+        torch.cuda.synchronize()
+        ev = self.launch_events
+        busy = {"mixed": 0.0, "decode": 0.0}
+        gaps = []
+        for i, (kind, tokens, start, end) in enumerate(ev):
+            busy[kind] += start.elapsed_time(end)
+            prev = ev[i - 1][3] if i else run_start
+            gaps.append((prev.elapsed_time(start), i, kind, tokens))
+        tail = ev[-1][3].elapsed_time(run_end) if ev else 0.0
+        worst = sorted(gaps, reverse=True)[:5]
+        return dict(device_ms=run_start.elapsed_time(run_end), mixed_ms=busy["mixed"], decode_ms=busy["decode"],
+                    num_mixed=sum(k == "mixed" for k, *_ in ev), idle_ms=sum(g for g, *_ in gaps) + tail,
+                    first_idle_ms=gaps[0][0] if gaps else 0.0, tail_ms=tail,
+                    worst_idle=[dict(ms=round(g, 2), step=i, kind=k, tokens=t) for g, i, k, t in worst])
 
     def _timed_step(self):
         self._kind = ("none", 0)  # a step that only finishes the one in flight launches nothing
@@ -115,18 +137,22 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
     prompts = make_prompts(batch, prompt_len, vocab, seed=batch * 7 + prompt_len)
     timer = StepTimer(llm.engine)
+    run_start, run_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
+    run_start.record()
     outs = llm.generate(prompts, params)
+    run_end.record()
     total = time.perf_counter() - start
     graph_ms = timer.graph_ms(batch)
+    timeline = timer.timeline(run_start, run_end)
     timer.close()
     assert all(len(o.outputs[0].token_ids) == OUTPUT_LEN for o in outs)
     full = [(n, t) for kind, n, t in timer.steps if kind == "decode" and n == batch]
     decode_tok_s = sum(n for n, _ in full) / sum(t for _, t in full) if full else float("nan")
     return dict(e2e_tok_s=batch * OUTPUT_LEN / total, decode_tok_s=decode_tok_s, total_s=total,
                 num_decode_steps=len(full), step_ms_median=1e3 * statistics.median(t for _, t in full) if full else None,
-                graph_step_ms=graph_ms)
+                graph_step_ms=graph_ms, timeline=timeline)
 
 
 def profile_graph_step(llm, batch: int, log) -> None:
