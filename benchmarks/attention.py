@@ -113,9 +113,10 @@ class Case:
         """The layer's attention from qkv rows: one fused kernel, or prepare_qkv then paged_attention."""
         def call(pool):
             kv = self.pools[pool % self.num_pools]
-            if fused:
-                return lambda: attention.qkv_attention(self.qkv, self.positions, kv, self.meta, scale=self.scale,
-                                                       **self.qk)
+            if fused:  # the fused kernel whatever qkv_attention's threshold would pick
+                f = dict(self.qk, positions=self.positions)
+                return lambda: attention._decode(self.qkv, kv, self.meta, torch.empty_like(self.q), self.scale, None,
+                                                 None, fused=f)
             qk = self.qk
             return lambda: attention.paged_attention(
                 attention.prepare_qkv(self.qkv, self.positions, kv, self.meta.slot_mapping, qk["num_heads"],
@@ -147,7 +148,7 @@ class Case:
         return graph_ms([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
 
 
-def prefill_case(heads: tuple[int, int, int], seqs: int, length: int) -> dict:
+def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: bool = False) -> dict:
     """Fresh prompts (no cached context): ember's paged prefill kernel against SDPA causal on [seqs, H, length, D]."""
     hq, hkv, d = heads
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -174,14 +175,40 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int) -> dict:
     flops = 2 * seqs * length * length * hq * d  # QK^T + PV over the causal half
     us = graph_ms([lambda: attention.paged_attention(q, pool, meta, scale)] * 8) / 8 * 1e3
     sdpa_us = graph_ms([sdpa] * 8) / 8 * 1e3
-    return dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
-                sdpa_tflops=flops / sdpa_us * 1e-6,
-                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    row = dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
+               sdpa_tflops=flops / sdpa_us * 1e-6,
+               rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    if sweep:
+        best = (us, attention.prefill_config(d, q.device))
+        for cfg in PREFILL_CONFIGS:
+            o = torch.empty_like(q)
+
+            def call(cfg=cfg, o=o):
+                attention._prefill(q, pool, meta, o, scale, None, None, config=cfg)
+            try:
+                t = graph_ms([call] * 8) / 8 * 1e3
+            except Exception as e:  # shared memory or registers
+                tqdm.write(f"  skip {cfg}: {type(e).__name__}")
+                continue
+            err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+            tqdm.write(f"  prefill {seqs}x{length} {cfg}: {t:8.1f} us ({flops / t * 1e-6:.0f} TFLOP/s) err {err:.1e}")
+            best = min(best, (t, cfg), key=lambda b: b[0])
+        row.update(best_us=best[0], best=best[1])
+    return row
 
 
-def sweep_configs():
+def sweep_configs(batch: int):
+    if batch <= 16:  # latency-bound: how many splits, and how many tiles each at least
+        for bn, s, splits, min_tiles in itertools.product((32, 64), (2, 3), (4, 8, 16), (1, 2, 4, 8)):
+            yield dict(num_splits=splits, BLOCK_N=bn, num_warps=4, num_stages=s, HEADS_FIRST=True, MIN_TILES=min_tiles)
+        return
     for bn, w, s, splits, heads_first in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2), (False, True)):
-        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first)
+        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first, MIN_TILES=1)
+
+
+PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st) for bm, bn, w, st in (
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+    (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4))]
 
 
 def main() -> None:
@@ -211,7 +238,7 @@ def main() -> None:
             row["fused_us"], row["unfused_us"] = case.layer_us(True), case.layer_us(False)
         if args.sweep:
             best = (row["us"], default)
-            for cfg in sweep_configs():
+            for cfg in sweep_configs(batch):
                 try:
                     t = case.time_us(cfg)
                 except Exception as e:  # a config the compiler rejects (registers, shared memory)
@@ -231,7 +258,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     for spec in args.prefill_cases.split(",") if args.prefill_cases else []:
         seqs, length = (int(x) for x in spec.split("x"))
-        row = prefill_case(HEADS[args.heads], seqs, length)
+        row = prefill_case(HEADS[args.heads], seqs, length, args.sweep)
         rows.append(row)
         tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) err {row['rel_err']:.1e}  "
                    f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)")

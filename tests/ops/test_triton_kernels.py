@@ -179,8 +179,8 @@ def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, so
                                  softcap=softcap, **{k: _cpu(v) for k, v in kw.items()})
     for _ in range(2):  # twice: the merge's arrival counters are back at zero after each launch
         got_pool = pool.clone()
-        got = tri.qkv_attention(qkv, positions, got_pool, meta, scale=scale, sliding_window=window, softcap=softcap,
-                                **kw)
+        got = tri.qkv_attention(qkv.clone(), positions, got_pool, meta, scale=scale, sliding_window=window,
+                                softcap=softcap, **kw)  # a clone: the unfused path rotates q in place
         close(got, ref.to(DEVICE), dtype)
         slots = meta.slot_mapping.cpu()
         for i in range(2):
@@ -192,9 +192,11 @@ def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, so
 
 
 @pytest.mark.parametrize("config", [
-    dict(num_splits=1, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),
-    dict(num_splits=3, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True),
-    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),  # most splits are empty
+    dict(num_splits=1, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False, MIN_TILES=1),
+    dict(num_splits=3, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=1),
+    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False, MIN_TILES=1),  # most splits empty
+    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=2),  # fewer active
+    dict(num_splits=4, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=8),  # one program each
 ])
 def test_decode_launch_configs_agree(config):
     """Every grid order and split count the benchmark sweeps gives the reference's output, fused or not."""

@@ -23,6 +23,11 @@ from ember.ops.triton.qkv import _norm_rope, prepare_qkv
 from ember.worker.attn_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
+# qkv_attention fuses prepare_qkv into the decode kernel up to this many (sequence, kv head) programs per SM: the
+# prologue's dependent loads (position, cos/sin, q) lengthen every program, which pays off while the grid is about
+# one wave (H200, benchmarks/attention.py: batch 1 x 2048 13.5 vs 13.9 us, 64 x 2048 129.5 vs 131.4) but not
+# over several (256 x 256: 82.4 vs 78.6 us for prepare_qkv + attention)
+FUSE_MAX_PROGRAMS_PER_SM = 4
 LOG2E = 1.4426950408889634
 
 
@@ -71,7 +76,7 @@ def _decode_kernel(
     scale_log2, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     HEADS_FIRST: tl.constexpr, FUSED_QKV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
     ROT_DIM: tl.constexpr, USE_PDL: tl.constexpr,
@@ -80,7 +85,8 @@ def _decode_kernel(
 
     FUSED_QKV: q_ptr is the qkv projection's output; the program does prepare_qkv's work for its heads (q/k norm,
     rotary), takes the new token's k and v from registers and writes them into the pool (the last split's program).
-    IS_SPLIT: the last program of a (sequence, kv head) to finish merges the splits' partial results."""
+    IS_SPLIT: the last program of a (sequence, kv head) to finish merges the splits' partial results; a context
+    short enough for one split's MIN_TILES is attended by one program with no merge."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     # HEADS_FIRST: grid (kv_heads, seqs, splits), so the programs of one sequence's heads run side by side
@@ -118,7 +124,11 @@ def _decode_kernel(
         lo = tl.maximum(seq_len - window, 0)
     first_tile = lo // BLOCK_N
     num_tiles = tl.maximum(tl.cdiv(kv_len, BLOCK_N) - first_tile, 0)
-    per_split = tl.cdiv(num_tiles, num_splits)
+    # short contexts use fewer splits than the grid has: each active split gets >= MIN_TILES tiles, the rest exit
+    per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), MIN_TILES)
+    active = tl.maximum(tl.cdiv(num_tiles, per_split), 1)
+    if split >= active:
+        return
     tile_begin = first_tile + split * per_split
     tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
 
@@ -136,7 +146,7 @@ def _decode_kernel(
         m_i, l_i, acc = _online_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
 
     if FUSED_QKV:
-        if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
+        if split == active - 1:  # the new token: its k and v into the pool, and one more key for the softmax
             num_q_heads = num_kv_heads * GROUP
             k_new = _norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, 1,
                                HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(k_ptr.dtype.element_ty)
@@ -157,23 +167,25 @@ def _decode_kernel(
             m_i = m_new
 
     o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    if IS_SPLIT:  # partial results [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
+    if active == 1:
+        tl.store(o_ptr, (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(out_ptr.dtype.element_ty), mask=qo_mask)
+    elif IS_SPLIT:  # partial results [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
         base = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD
         tl.store(part_acc_ptr + (base + split)[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
         tl.store(part_ml_ptr + (base + split) * 2, m_i, mask=g_mask)
         tl.store(part_ml_ptr + (base + split) * 2 + 1, l_i, mask=g_mask)
         tl.debug_barrier()  # every thread's partials are written before the counter says so
         lock = counter_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(lock, 1, sem="acq_rel") == num_splits - 1:  # the last split here merges them all
+        if tl.atomic_add(lock, 1, sem="acq_rel") == active - 1:  # the last split here merges them all
             offs_s = tl.arange(0, NUM_SPLITS_PAD)
-            ml_mask = g_mask[:, None] & (offs_s < num_splits)[None, :]
+            ml_mask = g_mask[:, None] & (offs_s < active)[None, :]
             ml = part_ml_ptr + (base[:, None] + offs_s[None, :]) * 2
             m = tl.load(ml, mask=ml_mask, other=float("-inf"), cache_modifier=".cg")
             l = tl.load(ml + 1, mask=ml_mask, other=0.0, cache_modifier=".cg")
             m_max = tl.max(m, 1)
             w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max)[:, None]))
             acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-            for i in range(0, num_splits):
+            for i in range(0, active):
                 part = tl.load(part_acc_ptr + (base + i)[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
                                other=0.0, cache_modifier=".cg")
                 acc += part * tl.sum(tl.where(offs_s[None, :] == i, w, 0.0), 1)[:, None]
@@ -181,9 +193,6 @@ def _decode_kernel(
             tl.store(o_ptr, (acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]).to(out_ptr.dtype.element_ty),
                      mask=qo_mask)
             tl.store(lock, 0)  # ready for the next launch
-    else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
 
 
 @triton.jit
@@ -291,7 +300,7 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dic
     side gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order."""
     on_gpu = device.type == "cuda"
     return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
-                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu)
+                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu, MIN_TILES=2 if on_gpu else 1)
 
 
 _split_counters: dict[torch.device, torch.Tensor] = {}
@@ -341,21 +350,26 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     )
 
 
-def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap) -> None:
+def prefill_config(head_dim_pad: int, device: torch.device) -> dict:
+    if device.type != "cuda":
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    if head_dim_pad > 128:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3)
+    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+
+
+def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap,
+             config: dict | None = None) -> None:
     c, flags = _common(q.shape[1], q.dtype, kv_cache, scale, sliding_window, softcap)
-    on_gpu = q.is_cuda
-    block_m, block_n = (128, 64) if on_gpu else (16, 16)
-    if on_gpu and flags["D_PAD"] > 128:
-        block_m, block_n = 64, 32
+    cfg = config or prefill_config(flags["D_PAD"], q.device)
     bt = meta.block_tables
-    grid = (triton.cdiv(meta.max_query_len, block_m), meta.num_seqs, q.shape[1])
+    grid = (triton.cdiv(meta.max_query_len, cfg["BLOCK_M"]), meta.num_seqs, q.shape[1])
     _prefill_kernel[grid](
         q, c["k"], c["v"], out, bt, meta.seq_lens, meta.query_start_loc,
         c["scale_log2"], c["softcap"], c["window"],
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
         out.stride(0), out.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if on_gpu else 4, num_stages=3 if on_gpu else 1, **flags,
-        **pdl.launch_args(q.device),
+        **cfg, **flags, **pdl.launch_args(q.device),
     )
 
 
@@ -378,10 +392,13 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Te
                   cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
                   sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """prepare_qkv then paged_attention (same contract as ember.ops.attention.qkv_attention). A decode step is one
-    kernel: each program norms and rotates its own heads, and the new token's KV is written from the registers
-    that attend to it."""
+    kernel while the grid is about one wave (FUSE_MAX_PROGRAMS_PER_SM): each program norms and rotates its own heads,
+    and the new token's KV is written from the registers that attend to it. qkv is scratch: the unfused path
+    writes the rotated q into it."""
     num_tokens, head_dim = qkv.shape[0], kv_cache.shape[-1]
-    if not (meta.is_decode_only and num_tokens == meta.num_seqs and qkv.stride(-1) == 1):
+    fuse = (meta.is_decode_only and num_tokens == meta.num_seqs and qkv.stride(-1) == 1
+            and meta.num_seqs * num_kv_heads <= FUSE_MAX_PROGRAMS_PER_SM * _num_sms(qkv.device))
+    if not fuse:
         q = prepare_qkv(qkv, positions, kv_cache, meta.slot_mapping, num_heads, num_kv_heads, q_norm_weight,
                         k_norm_weight, norm_eps, cos_sin, rot_dim)
         return paged_attention(q, kv_cache, meta, scale, sliding_window, softcap)
