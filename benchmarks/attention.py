@@ -179,7 +179,7 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
                sdpa_tflops=flops / sdpa_us * 1e-6,
                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
     if sweep:
-        best = (us, attention.prefill_config(d, q.device))
+        best = (us, attention.prefill_config(d, length, q.device))
         for cfg in PREFILL_CONFIGS:
             o = torch.empty_like(q)
 

@@ -137,6 +137,15 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
     prompts = make_prompts(batch, prompt_len, vocab, seed=batch * 7 + prompt_len)
     timer = StepTimer(llm.engine)
+    collections = []  # Python garbage collections during the run: (generation, ms)
+
+    def on_gc(phase, info, t=[0.0]):
+        if phase == "start":
+            t[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], 1e3 * (time.perf_counter() - t[0])))
+
+    gc.callbacks.append(on_gc)
     run_start, run_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -145,7 +154,10 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
     run_end.record()
     total = time.perf_counter() - start
     graph_ms = timer.graph_ms(batch)
+    gc.callbacks.remove(on_gc)
     timeline = timer.timeline(run_start, run_end)
+    timeline["gc"] = {f"gen{g}": dict(count=sum(x == g for x, _ in collections),
+                                      ms=round(sum(ms for x, ms in collections if x == g), 2)) for g in (0, 1, 2)}
     timer.close()
     assert all(len(o.outputs[0].token_ids) == OUTPUT_LEN for o in outs)
     full = [(n, t) for kind, n, t in timer.steps if kind == "decode" and n == batch]

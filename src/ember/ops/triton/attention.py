@@ -296,11 +296,12 @@ def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: f
 
 def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
     """Launch parameters of the decode kernel for a batch, from a sweep on an H200 (benchmarks/attention.py
-    --sweep; results/2026-12-03-h200-attention-sweep.txt): a 3-stage pipeline and the heads of a sequence side by
-    side gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order."""
+    --sweep; results/2026-12-03-h200-attention-*.txt): a 3-stage pipeline and the heads of a sequence side by side
+    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order. At batch 1 one tile per split
+    is best (5.4-5.5 us at 256 tokens against 7.5 us with MIN_TILES=2)."""
     on_gpu = device.type == "cuda"
     return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
-                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu, MIN_TILES=2 if on_gpu else 1)
+                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu, MIN_TILES=1)
 
 
 _split_counters: dict[torch.device, torch.Tensor] = {}
@@ -350,18 +351,23 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     )
 
 
-def prefill_config(head_dim_pad: int, device: torch.device) -> dict:
+def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device) -> dict:
+    """From a sweep on an H200 (benchmarks/attention.py --sweep, qwen3-8b heads): short prompts want small tiles
+    (64 x 128-token prompts: 89 us against 135 us for 128 x 64 tiles), long ones wide key tiles (8k: 1,665 vs
+    1,805 us)."""
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if head_dim_pad > 128:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    if max_query_len <= 512:
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
 
 
 def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap,
              config: dict | None = None) -> None:
     c, flags = _common(q.shape[1], q.dtype, kv_cache, scale, sliding_window, softcap)
-    cfg = config or prefill_config(flags["D_PAD"], q.device)
+    cfg = config or prefill_config(flags["D_PAD"], meta.max_query_len, q.device)
     bt = meta.block_tables
     grid = (triton.cdiv(meta.max_query_len, cfg["BLOCK_M"]), meta.num_seqs, q.shape[1])
     _prefill_kernel[grid](
