@@ -12,6 +12,8 @@ Same contracts as ember.ops.attention.paged_attention and qkv_attention.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -27,7 +29,7 @@ MAX_SPLITS = 16
 # prologue's dependent loads (position, cos/sin, q) lengthen every program, which pays off while the grid is about
 # one wave (H200, benchmarks/attention.py: batch 1 x 2048 13.5 vs 13.9 us, 64 x 2048 129.5 vs 131.4) but not
 # over several (256 x 256: 82.4 vs 78.6 us for prepare_qkv + attention)
-FUSE_MAX_PROGRAMS_PER_SM = 4
+FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM", "4"))  # 0: never fuse (A/B)
 LOG2E = 1.4426950408889634
 
 
