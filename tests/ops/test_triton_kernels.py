@@ -165,9 +165,13 @@ def _cpu(x):
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
 @pytest.mark.parametrize("rot_dim,norm", [(0, False), (None, True), (8, False)])  # None: the full head dim
 @pytest.mark.parametrize("num_seqs", [1, 9])
-def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, softcap, rot_dim, norm, num_seqs):
+def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, softcap, rot_dim, norm, num_seqs,
+                                    monkeypatch):
     """One kernel (norms, rotary, KV write, attention, split merge) against prepare_qkv + paged_attention in
     float32 on CPU: the same output, and the new tokens' k and v in the pool."""
+    from ember.ops.triton import attention as tri_attn
+
+    monkeypatch.setattr(tri_attn, "FUSE_MAX_PROGRAMS_PER_SM", 64)  # fused at every batch here (off by default)
     rot_dim = head_dim if rot_dim is None else rot_dim
     qkv, positions, pool, meta, kw = _qkv_decode_case(heads, kv_heads, head_dim, rot_dim, norm, num_seqs, dtype,
                                                       seed=heads * 10 + num_seqs)

@@ -25,11 +25,12 @@ from ember.ops.triton.qkv import _norm_rope, prepare_qkv
 from ember.worker.attn_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
-# qkv_attention fuses prepare_qkv into the decode kernel up to this many (sequence, kv head) programs per SM: the
-# prologue's dependent loads (position, cos/sin, q) lengthen every program, which pays off while the grid is about
-# one wave (H200, benchmarks/attention.py: batch 1 x 2048 13.5 vs 13.9 us, 64 x 2048 129.5 vs 131.4) but not
-# over several (256 x 256: 82.4 vs 78.6 us for prepare_qkv + attention)
-FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM", "4"))  # 0: never fuse (A/B)
+# qkv_attention can fuse prepare_qkv into the decode kernel up to this many (sequence, kv head) programs per SM. Off
+# by default: on the H200 it gained little (batch 1 x 2048: 13.5 vs 13.9 us; 64 x 2048: 129.5 vs 131.4) and lost
+# over several waves (256 x 256: 82.4 vs 78.6 us), the prologue's dependent loads lengthening every program; and an
+# eager engine run with programmatic dependent launch gave wrong tokens with it on (passes with PDL off or fusion
+# off; cause not found yet). The kernel itself matches the reference in tests/ops.
+FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM", "0"))
 LOG2E = 1.4426950408889634
 
 
@@ -399,8 +400,8 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Te
                   k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
                   cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
                   sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """prepare_qkv then paged_attention (same contract as ember.ops.attention.qkv_attention). A decode step is one
-    kernel while the grid is about one wave (FUSE_MAX_PROGRAMS_PER_SM): each program norms and rotates its own heads,
+    """prepare_qkv then paged_attention (same contract as ember.ops.attention.qkv_attention). A decode step can be one
+    kernel (FUSE_MAX_PROGRAMS_PER_SM, off by default): each program norms and rotates its own heads,
     and the new token's KV is written from the registers that attend to it. qkv is scratch: the unfused path
     writes the rotated q into it."""
     num_tokens, head_dim = qkv.shape[0], kv_cache.shape[-1]
