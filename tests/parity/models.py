@@ -1,6 +1,8 @@
 """Tiny configs of every supported architecture, written as real HF model directories by transformers."""
 from __future__ import annotations
 
+import zlib
+
 from pathlib import Path
 
 import torch
@@ -33,7 +35,7 @@ def build_hf_model(name: str, out_dir: Path):
 
     model_type, overrides = CONFIGS[name]
     cfg = AutoConfig.for_model(model_type, **{**BASE, **overrides})
-    torch.manual_seed(hash(name) % 2**31)
+    torch.manual_seed(zlib.crc32(name.encode()))  # hash(str) differs per process (PYTHONHASHSEED): not this
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     model.save_pretrained(out_dir)
     return model
