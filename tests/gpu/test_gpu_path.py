@@ -104,12 +104,20 @@ def test_engine_runs_graph_and_eager_steps(hf_models):
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(3, 500, (48,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 500, (n,), generator=g).tolist() for n in (1, 7, 90, 33, 5)]
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    first = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
-    again = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]  # prefix-cache hits this time
-    assert all(len(t) == 40 for t in first)
-    agree = sum(a == b for x, y in zip(first, again) for a, b in zip(x, y)) / (40 * len(prompts))
-    assert agree >= 0.9  # bf16: a near-tie may flip after a different step composition
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=2)
+    first = [o.outputs[0] for o in gpu.generate(prompts, params)]
+    again = [o.outputs[0] for o in gpu.generate(prompts, params)]  # prefix-cache hits this time
+    assert all(len(o.token_ids) == 40 for o in first + again)
+    # bf16 with a different step composition: the runs may part only where the top two tokens were all but tied
+    for a, b in zip(first, again):
+        i = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+        if i is not None:
+            top = sorted((lp.logprob for lp in _logprob_list(a.logprobs[i])), reverse=True)
+            assert top[0] - top[1] < 0.1, f"runs part at token {i}, where the top two are {top[:2]}"
+
+
+def _logprob_list(entry) -> list:
+    return list(entry.values()) if isinstance(entry, dict) else list(entry)
 
 
 def test_graph_logits_match_eager_logits(hf_models):
