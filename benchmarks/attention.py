@@ -198,12 +198,12 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
 
 
 def sweep_configs(batch: int):
-    if batch <= 16:  # latency-bound: how many splits, and how many tiles each at least
-        for bn, s, splits, min_tiles in itertools.product((32, 64), (2, 3), (4, 8, 16), (1, 2, 4, 8)):
-            yield dict(num_splits=splits, BLOCK_N=bn, num_warps=4, num_stages=s, HEADS_FIRST=True, MIN_TILES=min_tiles)
+    if batch <= 16:  # latency-bound: how many splits
+        for bn, s, splits in itertools.product((32, 64), (2, 3), (4, 8, 16)):
+            yield dict(num_splits=splits, BLOCK_N=bn, num_warps=4, num_stages=s, HEADS_FIRST=True)
         return
     for bn, w, s, splits, heads_first in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2), (False, True)):
-        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first, MIN_TILES=1)
+        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first)
 
 
 PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st) for bm, bn, w, st in (

@@ -196,11 +196,9 @@ def test_qkv_attention_decode_fused(dtype, heads, kv_heads, head_dim, window, so
 
 
 @pytest.mark.parametrize("config", [
-    dict(num_splits=1, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False, MIN_TILES=1),
-    dict(num_splits=3, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=1),
-    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False, MIN_TILES=1),  # most splits empty
-    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=2),  # fewer active
-    dict(num_splits=4, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True, MIN_TILES=8),  # one program each
+    dict(num_splits=1, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),
+    dict(num_splits=3, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=True),
+    dict(num_splits=16, BLOCK_N=16, num_warps=4, num_stages=1, HEADS_FIRST=False),  # most splits are empty
 ])
 def test_decode_launch_configs_agree(config):
     """Every grid order and split count the benchmark sweeps gives the reference's output, fused or not."""

@@ -1,10 +1,10 @@
 """Paged attention over the block pool [2, num_blocks, block_size, num_kv_heads, head_dim]: a decode kernel
 (one query per sequence) and a prefill kernel (any query lengths, cached context included). Online softmax as
 in FlashAttention (Dao et al., arXiv:2205.14135); decode splits each sequence's keys over a fixed number of
-programs (flash-decoding), and the last program of a sequence's head to finish merges the partial results (an
-arrival counter; no second kernel). qkv_attention's decode also does prepare_qkv's work in the same kernel: each
-program norms and rotates its query heads, and one program per kv head writes the new token's k and v into the
-pool and attends to it from registers. A decode step's attention is one kernel per layer.
+programs (flash-decoding) and merges the partial results in a second kernel. qkv_attention's decode can also do
+prepare_qkv's work in the decode kernel (off by default, see FUSE_MAX_PROGRAMS_PER_SM): each program norms and
+rotates its query heads, and one program per kv head writes the new token's k and v into the pool and attends to
+it from registers.
 
 Nothing here reads host-side lengths except the grid sizes (number of sequences, longest query), so a decode
 step can be captured in a CUDA graph: each program finds its sequence's length and blocks on the device.
@@ -25,11 +25,11 @@ from ember.ops.triton.qkv import _norm_rope, prepare_qkv
 from ember.worker.attn_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
-# qkv_attention can fuse prepare_qkv into the decode kernel up to this many (sequence, kv head) programs per SM. Off
-# by default: on the H200 it gained little (batch 1 x 2048: 13.5 vs 13.9 us; 64 x 2048: 129.5 vs 131.4) and lost
-# over several waves (256 x 256: 82.4 vs 78.6 us), the prologue's dependent loads lengthening every program; and an
-# eager engine run with programmatic dependent launch gave wrong tokens with it on (passes with PDL off or fusion
-# off; cause not found yet). The kernel itself matches the reference in tests/ops.
+# qkv_attention can fuse prepare_qkv into the decode kernel up to this many (sequence, kv head) programs per SM
+# (EMBER_FUSE_DECODE_PROGRAMS_PER_SM). Off by default: on the H200 it was a wash at small batch (layer time from
+# the qkv rows, us, fused vs prepare_qkv + attention: batch 1 x 2048 13.9 vs 14.1, 1 x 256 8.7 vs 9.0; 64 x 2048
+# 129.5 vs 131.4) and a loss over several waves (256 x 256: 82.4 vs 78.6): its prologue's dependent loads (position,
+# cos/sin, q) come before the first KV load and lengthen every program. benchmarks/attention.py times both.
 FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM", "0"))
 LOG2E = 1.4426950408889634
 
@@ -74,12 +74,12 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr, counter_ptr,
+    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     positions_ptr, slot_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, eps,
     scale_log2, softcap, window, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     HEADS_FIRST: tl.constexpr, FUSED_QKV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
     ROT_DIM: tl.constexpr, USE_PDL: tl.constexpr,
@@ -88,8 +88,7 @@ def _decode_kernel(
 
     FUSED_QKV: q_ptr is the qkv projection's output; the program does prepare_qkv's work for its heads (q/k norm,
     rotary), takes the new token's k and v from registers and writes them into the pool (the last split's program).
-    IS_SPLIT: the last program of a (sequence, kv head) to finish merges the splits' partial results; a context
-    short enough for one split's MIN_TILES is attended by one program with no merge."""
+    IS_SPLIT: each split stores its partial result (empty splits too, as m = -inf); _decode_merge_kernel merges."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     # HEADS_FIRST: grid (kv_heads, seqs, splits), so the programs of one sequence's heads run side by side
@@ -127,11 +126,7 @@ def _decode_kernel(
         lo = tl.maximum(seq_len - window, 0)
     first_tile = lo // BLOCK_N
     num_tiles = tl.maximum(tl.cdiv(kv_len, BLOCK_N) - first_tile, 0)
-    # short contexts use fewer splits than the grid has: each active split gets >= MIN_TILES tiles, the rest exit
-    per_split = tl.maximum(tl.cdiv(num_tiles, num_splits), MIN_TILES)
-    active = tl.maximum(tl.cdiv(num_tiles, per_split), 1)
-    if split >= active:
-        return
+    per_split = tl.cdiv(num_tiles, num_splits)
     tile_begin = first_tile + split * per_split
     tile_end = tl.minimum(tile_begin + per_split, first_tile + num_tiles)
 
@@ -149,7 +144,7 @@ def _decode_kernel(
         m_i, l_i, acc = _online_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
 
     if FUSED_QKV:
-        if split == active - 1:  # the new token: its k and v into the pool, and one more key for the softmax
+        if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
             num_q_heads = num_kv_heads * GROUP
             k_new = _norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, 1,
                                HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(k_ptr.dtype.element_ty)
@@ -169,33 +164,37 @@ def _decode_kernel(
             l_i = l_i * alpha + p
             m_i = m_new
 
-    o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    if active == 1:
-        tl.store(o_ptr, (acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]).to(out_ptr.dtype.element_ty), mask=qo_mask)
-    elif IS_SPLIT:  # partial results [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
-        base = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD
-        tl.store(part_acc_ptr + (base + split)[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
-        tl.store(part_ml_ptr + (base + split) * 2, m_i, mask=g_mask)
-        tl.store(part_ml_ptr + (base + split) * 2 + 1, l_i, mask=g_mask)
-        tl.debug_barrier()  # every thread's partials are written before the counter says so
-        lock = counter_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(lock, 1, sem="acq_rel") == active - 1:  # the last split here merges them all
-            offs_s = tl.arange(0, NUM_SPLITS_PAD)
-            ml_mask = g_mask[:, None] & (offs_s < active)[None, :]
-            ml = part_ml_ptr + (base[:, None] + offs_s[None, :]) * 2
-            m = tl.load(ml, mask=ml_mask, other=float("-inf"), cache_modifier=".cg")
-            l = tl.load(ml + 1, mask=ml_mask, other=0.0, cache_modifier=".cg")
-            m_max = tl.max(m, 1)
-            w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max)[:, None]))
-            acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-            for i in range(0, active):
-                part = tl.load(part_acc_ptr + (base + i)[:, None] * D_PAD + offs_d[None, :], mask=g_mask[:, None],
-                               other=0.0, cache_modifier=".cg")
-                acc += part * tl.sum(tl.where(offs_s[None, :] == i, w, 0.0), 1)[:, None]
-            l_sum = tl.sum(l * w, 1)
-            tl.store(o_ptr, (acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=qo_mask)
-            tl.store(lock, 0)  # ready for the next launch
+    if IS_SPLIT:  # partial results [B, Hq, NUM_SPLITS_PAD, D_PAD] and (m, l) pairs; empty splits store m=-inf
+        part = (seq * (num_kv_heads * GROUP) + heads) * NUM_SPLITS_PAD + split
+        tl.store(part_acc_ptr + part[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=g_mask)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=g_mask)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptr = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptr, out.to(out_ptr.dtype.element_ty), mask=qo_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(part_acc_ptr, part_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    wait_prior(USE_PDL)
+    release_dependents(USE_PDL)
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS_PAD
+    offs_s = tl.arange(0, NUM_SPLITS_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    s_mask = offs_s < num_splits
+    m = tl.load(part_ml_ptr + (part + offs_s) * 2, mask=s_mask, other=float("-inf"))
+    l = tl.load(part_ml_ptr + (part + offs_s) * 2 + 1, mask=s_mask, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))
+    acc = tl.load(part_acc_ptr + (part + offs_s)[:, None] * D_PAD + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -300,26 +299,10 @@ def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: f
 def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
     """Launch parameters of the decode kernel for a batch, from a sweep on an H200 (benchmarks/attention.py
     --sweep; results/2026-12-03-h200-attention-*.txt): a 3-stage pipeline and the heads of a sequence side by side
-    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order. At batch 1 one tile per split
-    is best (5.4-5.5 us at 256 tokens against 7.5 us with MIN_TILES=2)."""
+    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order."""
     on_gpu = device.type == "cuda"
     return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
-                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu, MIN_TILES=1)
-
-
-_split_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters of the split merge, one per (sequence, kv head), shared by every layer: each
-    launch's merging programs set theirs back to zero. Allocated outside graph capture (the warm-up before each
-    capture runs the same batch size), so every captured graph reads the same buffer."""
-    buf = _split_counters.get(device)
-    if buf is None or buf.numel() < n:
-        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), \
-            "split counters must be allocated before capture"
-        buf = _split_counters[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf
+                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu)
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
@@ -334,15 +317,14 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     if is_split:
         part_acc = torch.empty(num_seqs, num_heads, MAX_SPLITS, flags["D_PAD"], dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_seqs, num_heads, MAX_SPLITS, 2, dtype=torch.float32, device=q.device)
-        counters = _counters(q.device, num_seqs * num_kv_heads)
     else:
-        part_acc = part_ml = counters = out  # unused
+        part_acc = part_ml = out  # unused
     f = fused or {}
     cos_sin, q_w = f.get("cos_sin"), f.get("q_norm_weight")
     bt = meta.block_tables
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FIRST"] else (num_seqs, num_kv_heads, num_splits)
     _decode_kernel[grid](
-        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml, counters,
+        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
         f["positions"] if cos_sin is not None else q, meta.slot_mapping, q_w if q_w is not None else q,
         f["k_norm_weight"] if q_w is not None else q, cos_sin if cos_sin is not None else q, f.get("norm_eps", 0.0),
         c["scale_log2"], c["softcap"], c["window"], num_splits,
@@ -352,6 +334,12 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
         FUSED_QKV=fused is not None, HAS_NORM=q_w is not None, HAS_ROPE=cos_sin is not None,
         ROT_DIM=f.get("rot_dim", 0) if cos_sin is not None else 0, **cfg, **flags, **pdl.launch_args(q.device),
     )
+    if is_split:
+        _decode_merge_kernel[(num_seqs, num_heads)](
+            part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=flags["HEAD_DIM"], D_PAD=flags["D_PAD"], NUM_SPLITS_PAD=MAX_SPLITS, num_warps=4,
+            **pdl.launch_args(q.device),
+        )
 
 
 def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device) -> dict:
