@@ -9,9 +9,11 @@ tables are a random permutation of the pool, as after the scheduler has interlea
 Two memory layouts of the same pool are compared through strides: NHD ([block, slot, kv_head, dim], ember's) and
 HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The peer is SDPA (flash backend) on
 contiguous [B, H, C, D] tensors, which reads the same bytes without a block table. For NHD it also times the whole
-decode attention of a layer from the qkv projection's output: qkv_attention (one kernel: q/k norm, rotary, KV
-write, attention) against prepare_qkv + paged_attention (two kernels). --prefill-cases times the prefill kernel
-on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch.
+decode attention of a layer from the qkv projection's output: the decode kernel with prepare_qkv fused in (q/k
+norm, rotary, KV write; off in the engine) against prepare_qkv + paged_attention. --prefill-cases times the
+prefill kernel on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch;
+--mixed-cases a chunked-prefill step (DECODESxPROMPTS) whose decodes go to the decode kernel against the whole step
+in the prefill kernel.
 
     python benchmarks/attention.py [--sweep] [--out benchmarks/results/NAME]
 """
@@ -197,6 +199,45 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
     return row
 
 
+def mixed_case(heads: tuple[int, int, int], decodes: int, prompts: int, ctx: int = 130, length: int = 128) -> dict:
+    """A chunked-prefill step: `decodes` one-token sequences at context `ctx` listed first, then `prompts` fresh
+    prompts of `length`. paged_attention sends the decodes to the decode kernel; the whole step in the prefill
+    kernel is the alternative it replaces."""
+    hq, hkv, d = heads
+    g = torch.Generator(device="cuda").manual_seed(2)
+    lens = [ctx] * decodes + [length] * prompts
+    qlens = [1] * decodes + [length] * prompts
+    blocks = [-(-n // BLOCK_SIZE) for n in lens]
+    pool = torch.randn(2, sum(blocks), BLOCK_SIZE, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    perm = torch.randperm(sum(blocks), device="cuda", generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[at:at + n]
+        at += n
+    starts = [0]
+    for n in qlens:
+        starts.append(starts[-1] + n)
+    q = torch.randn(starts[-1], hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def meta():
+        return AttentionMetadata(
+            slot_mapping=torch.zeros(starts[-1], dtype=torch.int64, device="cuda"),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device="cuda"),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"), block_tables=tables,
+            max_query_len=max(qlens), max_seq_len=max(lens), query_start_loc_cpu=starts, seq_lens_cpu=lens)
+
+    split, whole = meta(), meta()
+    scale = d**-0.5
+    out = torch.empty_like(q)
+    ref = attention.paged_attention(q, pool, split, scale)
+    attention._prefill(q, pool, whole, out, scale, None, None)
+    us = graph_ms([lambda: attention.paged_attention(q, pool, split, scale)] * 8) / 8 * 1e3
+    whole_us = graph_ms([lambda: attention._prefill(q, pool, whole, out, scale, None, None)] * 8) / 8 * 1e3
+    return dict(kind="mixed", decodes=decodes, prompts=prompts, us=us, prefill_kernel_only_us=whole_us,
+                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
+
+
 def sweep_configs(batch: int):
     if batch <= 16:  # latency-bound: how many splits
         for bn, s, splits in itertools.product((32, 64), (2, 3), (4, 8, 16)):
@@ -218,6 +259,7 @@ def main() -> None:
                     help="BATCHxCONTEXT, comma-separated")
     ap.add_argument("--layouts", default="NHD,HND")
     ap.add_argument("--prefill-cases", default="64x128,8x1024,1x8192", help="SEQSxLEN fresh prompts, comma-separated")
+    ap.add_argument("--mixed-cases", default="64x63,192x64", help="DECODESxPROMPTS mixed steps, comma-separated")
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -262,6 +304,12 @@ def main() -> None:
         rows.append(row)
         tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) err {row['rel_err']:.1e}  "
                    f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)")
+    for spec in args.mixed_cases.split(",") if args.mixed_cases else []:
+        decodes, prompts = (int(x) for x in spec.split("x"))
+        row = mixed_case(HEADS[args.heads], decodes, prompts)
+        rows.append(row)
+        tqdm.write(f"mixed step, {decodes} decodes + {prompts} prompts: {row['us']:8.1f} us with the decode kernel, "
+                   f"{row['prefill_kernel_only_us']:8.1f} us all in the prefill kernel; err {row['rel_err']:.1e}")
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bandwidth=bandwidth,
                                                            rows=rows), indent=1))

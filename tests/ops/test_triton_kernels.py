@@ -143,6 +143,22 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES[:2] + ATTN_CASES[3:5])
+def test_mixed_step_decode_prefix(dtype, heads, kv_heads, head_dim, window, softcap, monkeypatch):
+    """A mixed step's leading decodes go to the decode kernel, the rest (a decode among them too) to the prefill
+    kernel: the same output as the reference over the whole step."""
+    from ember.ops.triton import attention as tri_attn
+
+    monkeypatch.setattr(tri_attn, "MIXED_DECODE_MIN_SEQS", 2)
+    query_lens, context = [1, 1, 1, 37, 1, 20, 5], [40, 3, 77, 0, 12, 33, 0]
+    q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + 7)
+    assert tri_attn._decode_prefix(meta)[0].num_seqs == 3
+    scale = head_dim ** -0.5
+    ref = reference_attention(q, pool, meta, scale, window, softcap)
+    close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
+
+
 def _qkv_decode_case(heads, kv_heads, head_dim, rot_dim, norm, num_seqs, dtype, seed):
     """A decode step's qkv rows, positions and weights over _batch's pool (whose new-token slots hold stale KV)."""
     context = [(37 * i + 5) % 90 for i in range(num_seqs)]

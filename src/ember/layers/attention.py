@@ -59,7 +59,7 @@ class Attention(nn.Module):
         meta = meta.for_group(self.kv_group)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
         has_norm, rotary = self.q_norm is not None, self.rotary
-        # q/k norm, rotary, the KV write and attention are one op (one kernel for a decode step on CUDA)
+        # q/k norm, rotary, the KV write and attention are one op (one or two kernels on CUDA)
         out = ops.qkv_attention(
             qkv, positions, self.kv_cache, meta, self.num_heads, self.num_kv_heads,
             self.q_norm.weight if has_norm else None, self.k_norm.weight if has_norm else None,

@@ -31,6 +31,9 @@ MAX_SPLITS = 16
 # 129.5 vs 131.4) and a loss over several waves (256 x 256: 82.4 vs 78.6): its prologue's dependent loads (position,
 # cos/sin, q) come before the first KV load and lengthen every program. benchmarks/attention.py times both.
 FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM", "0"))
+# a mixed step's leading one-token sequences go to the decode kernel from this many on: in the prefill kernel each
+# fills a whole BLOCK_M query tile for one row (a batch-256 run's mixed steps spent ~300 us per layer on them)
+MIXED_DECODE_MIN_SEQS = 16
 LOG2E = 1.4426950408889634
 
 
@@ -299,10 +302,12 @@ def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: f
 def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
     """Launch parameters of the decode kernel for a batch, from a sweep on an H200 (benchmarks/attention.py
     --sweep; results/2026-12-03-h200-attention-*.txt): a 3-stage pipeline and the heads of a sequence side by side
-    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order."""
+    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order. Split launches (small batches,
+    one or two tiles per split) keep v5's 2 stages."""
     on_gpu = device.type == "cuda"
-    return dict(num_splits=decode_num_splits(num_seqs, num_kv_heads, device), BLOCK_N=64 if on_gpu else 16,
-                num_warps=4, num_stages=3 if on_gpu else 1, HEADS_FIRST=on_gpu)
+    num_splits = decode_num_splits(num_seqs, num_kv_heads, device)
+    return dict(num_splits=num_splits, BLOCK_N=64 if on_gpu else 16, num_warps=4,
+                num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
@@ -370,6 +375,30 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     )
 
 
+def _decode_prefix(meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata] | None:
+    """A mixed step's leading one-token sequences (the scheduler lists running sequences before new prompts) as
+    their own decode batch, and the rest; None when there are fewer than MIXED_DECODE_MIN_SEQS of them. Built once
+    per step: every layer of a KV group shares the metadata."""
+    if "decode_prefix" not in meta.derived:
+        qsl, n = meta.query_start_loc_cpu, 0
+        while n < meta.num_seqs and qsl[n + 1] - qsl[n] == 1:
+            n += 1
+        parts = None
+        if MIXED_DECODE_MIN_SEQS <= n < meta.num_seqs:
+            decode = AttentionMetadata(
+                slot_mapping=meta.slot_mapping[:n], query_start_loc=meta.query_start_loc[:n + 1],
+                seq_lens=meta.seq_lens[:n], block_tables=meta.block_tables[:n], max_query_len=1,
+                max_seq_len=max(meta.seq_lens_cpu[:n]), query_start_loc_cpu=qsl[:n + 1],
+                seq_lens_cpu=meta.seq_lens_cpu[:n])
+            rest = AttentionMetadata(  # query_start_loc keeps absolute rows: the kernel indexes q and out by them
+                slot_mapping=meta.slot_mapping[qsl[n]:], query_start_loc=meta.query_start_loc[n:],
+                seq_lens=meta.seq_lens[n:], block_tables=meta.block_tables[n:], max_query_len=meta.max_query_len,
+                max_seq_len=meta.max_seq_len, query_start_loc_cpu=qsl[n:], seq_lens_cpu=meta.seq_lens_cpu[n:])
+            parts = (decode, rest)
+        meta.derived["decode_prefix"] = parts
+    return meta.derived["decode_prefix"]
+
+
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                     sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [T, Hq, D] (rows may be strided) -> [T, Hq, D]; KV of this step must already be in kv_cache."""
@@ -378,6 +407,11 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         if out.shape[0] > meta.num_seqs:  # padded tokens produce zeros, as in the reference
             out[meta.num_seqs:].zero_()
         _decode(q, kv_cache, meta, out, scale, sliding_window, softcap)
+    elif (parts := _decode_prefix(meta)) is not None:
+        decode, rest = parts
+        n = decode.num_seqs
+        _decode(q[:n], kv_cache, decode, out[:n], scale, sliding_window, softcap)
+        _prefill(q, kv_cache, rest, out, scale, sliding_window, softcap)
     else:
         _prefill(q, kv_cache, meta, out, scale, sliding_window, softcap)
     return out
