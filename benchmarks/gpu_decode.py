@@ -309,7 +309,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
         kv_gb = None  # hybrids: fixed per-request state and windows on top; size from free memory instead
     t0 = time.perf_counter()
     llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,
-              max_num_seqs=max(batches), max_num_batched_tokens=max(8192, args.prefill_len),
+              max_num_seqs=max(batches), max_num_batched_tokens=max(args.max_batched_tokens, args.prefill_len),
               enable_prefix_caching=False, progress=False, async_scheduling=not args.serial)
     log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s")
     from ember import SamplingParams  # warm-up: the prefill kernels compile on first use, outside the timings
@@ -396,6 +396,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64,256")
     ap.add_argument("--prompt-lens", default="128,2048")
     ap.add_argument("--prefill-len", type=int, default=8192)
+    ap.add_argument("--max-batched-tokens", type=int, default=8192,
+                    help="the scheduler's token budget per step (at least --prefill-len)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
