@@ -302,7 +302,8 @@ def main() -> None:
         seqs, length = (int(x) for x in spec.split("x"))
         row = prefill_case(HEADS[args.heads], seqs, length, args.sweep)
         rows.append(row)
-        tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) err {row['rel_err']:.1e}  "
+        tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) "
+                   f"err {row['rel_err']:.1e}  "
                    f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)")
     for spec in args.mixed_cases.split(",") if args.mixed_cases else []:
         decodes, prompts = (int(x) for x in spec.split("x"))

@@ -327,3 +327,22 @@ def test_gemv_ops_take_cublas_past_one_row(fn):
         ref_out, ref_res = ref_gemm.rms_norm_linear(x.cpu(), r.cpu(), nw.cpu(), 1e-6, w.cpu())
         close(out, ref_out.to(DEVICE), x.dtype)
         assert torch.equal(res.cpu(), ref_res)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols", [(1, 151936), (3, 1000), (37, 4099), (300, 64)])
+def test_row_argmax_matches_torch_with_ties(dtype, rows, cols, monkeypatch):
+    """The first index of each row's maximum, as torch.argmax: values on a coarse grid so rows hold many ties,
+    rows of one repeated value, and a row whose maximum is its last column."""
+    from ember.ops.triton import reduce as tri_reduce
+
+    monkeypatch.setattr(tri_reduce, "MIN_ROWS", 1)  # the kernels at every batch size here
+    g = torch.Generator().manual_seed(rows + cols)
+    x = torch.randint(-8, 8, (rows, cols), generator=g).float()
+    x[0] = 1.0  # every column ties: index 0
+    if rows > 2:
+        x[1, -1] = 100.0
+        x[2] = float("-inf")
+    x = x.to(DEVICE, dtype)  # small integers: exact in bf16 too
+    assert torch.equal(tri.row_argmax(x), x.argmax(dim=-1))
+    assert torch.equal(tri.row_argmax(x[:, : cols // 2]), x[:, : cols // 2].argmax(dim=-1))  # strided rows

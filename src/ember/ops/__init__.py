@@ -7,7 +7,7 @@ import importlib
 import os
 from typing import Callable
 
-from ember.ops import attention, gated_delta, gemm, norm
+from ember.ops import attention, gated_delta, gemm, norm, reduce
 from ember.ops.rotary import apply_rotary
 
 USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
@@ -42,6 +42,8 @@ gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decod
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
+row_argmax = _select("row_argmax", reduce.row_argmax)
 
 __all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention",
-           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "triton_enabled", "write_kv"]
+           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax", "triton_enabled",
+           "write_kv"]

@@ -318,7 +318,7 @@ class ModelRunner:
         the host (with logprobs), behind an event on CUDA."""
         lp = None
         if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata
-            token_ids = logits.argmax(dim=-1)  # in the model dtype: float32 would round-trip the same values
+            token_ids = ops.row_argmax(logits)  # in the model dtype: float32 would round-trip the same values
         else:
             logits = logits.float()
             # len(output_token_ids) counts a placeholder of the step before, so the noise counter is the serial one
