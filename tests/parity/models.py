@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import zlib
-
 from pathlib import Path
 
 import torch
