@@ -91,3 +91,30 @@ def test_bad_requests_raise_and_leave_nothing_queued(demo_dir):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[10**7]], SamplingParams())
     assert not llm.engine.has_unfinished()
+
+
+def test_generate_freezes_the_gc_heap_only_while_it_runs(demo_dir):
+    """The heap is out of the cyclic GC's reach during generate (no full collection walks it mid-run) and back
+    afterwards, so a dropped LLM can still be collected; a caller's own freeze is left as it was."""
+    import gc
+
+    llm = LLM(str(demo_dir), progress=False)
+    seen = []
+    step = llm.engine.step
+
+    def spy():
+        seen.append(gc.get_freeze_count())
+        return step()
+
+    llm.engine.step = spy
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    assert gc.get_freeze_count() == 0
+    llm.generate([[5, 6, 7]], params)
+    assert seen and all(n > 0 for n in seen)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the caller's
+    try:
+        llm.generate([[5, 6, 7]], params)
+        assert gc.get_freeze_count() > 0  # still frozen (the count drops as frozen objects are freed)
+    finally:
+        gc.unfreeze()

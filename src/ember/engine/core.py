@@ -80,11 +80,6 @@ class EngineCore:
         self.is_async = (self.sched_cfg.async_scheduling and tensor_parallel_size == 1
                          and getattr(self.runner, "supports_async_scheduling", False))
         self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None  # launched and advanced, not completed
-        if getattr(getattr(self.runner, "device", None), "type", "cpu") == "cuda":
-            # startup leaves a large heap of long-lived Python objects (torch, triton, the model); a full
-            # collection walking it stalled an H200 decode run for 130 ms. Frozen, it stays out of later ones.
-            gc.collect()
-            gc.freeze()
 
     def _kv_manager(self) -> KVCacheManager:
         """One block pool per KV group of the runner (full attention, then each sliding window)."""
