@@ -11,6 +11,9 @@ from ember.ops import attention, gated_delta, gemm, norm, reduce
 from ember.ops.rotary import apply_rotary
 
 USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
+# tests set this (with TRITON_INTERPRET=1) to run the Triton kernels on CPU tensors through the whole engine: the
+# GPU path's integration (mixed steps, greedy argmax, the GEMV prologues) checked without a GPU
+TRITON_ON_CPU = False
 
 
 def triton_enabled() -> bool:
@@ -22,7 +25,7 @@ def _select(name: str, reference: Callable) -> Callable:
 
     def op(x, *args, **kwargs):
         nonlocal gpu
-        if x.is_cuda and USE_TRITON:
+        if (x.is_cuda or TRITON_ON_CPU) and USE_TRITON:
             if gpu is None:  # triton is imported on first CUDA use only: it is not a CPU dependency
                 gpu = getattr(importlib.import_module("ember.ops.triton"), name)
             return gpu(x, *args, **kwargs)
