@@ -22,7 +22,9 @@ full GC passes come about once in one or two runs, and their cost is spread over
 
 Rows: prefix caching off (gpu_decode's setting) and on; on with the demo tokenizer kept, so each new token is
 detokenized (the stub then samples ids inside its 4k vocabulary): what a server streaming text pays on top;
-on with the start-up heap frozen (gc.collect + gc.freeze, as `ember serve` does; the LLM API does not). Each
+on with the start-up heap frozen (gc.collect + gc.freeze, as `ember serve` does; since 2026-12-03 LLM.generate
+freezes the heap for each call too, so the other rows no longer walk it either, and the older result files
+predate that). Each
 row runs twice: the serial engine (async_scheduling=False) and the overlapped one (the default), where update is
 Scheduler.advance + Scheduler.complete and output is EngineCore._process without complete.
 
