@@ -46,7 +46,7 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, n_cols, chunk, num_chunks, str
         upd = v > best_v  # strict: each lane keeps its earliest column of a tie
         best_v = tl.where(upd, v, best_v)
         best_i = tl.where(upd, cols, best_i)
-    # a lane that saw only -inf keeps index INT32_MAX; a row of all -inf still needs its first column
+    # a lane that saw only -inf still holds index 2**31 - 1; a row of all -inf needs its first column
     best_i = tl.where((best_v == float("-inf")) & (best_i == 2147483647), start + offs, best_i)
     m, i = _first_max(best_v, best_i)
     tl.store(val_ptr + row * num_chunks + c, m)
