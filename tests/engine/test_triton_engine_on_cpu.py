@@ -1,7 +1,8 @@
 """The engine on the Triton kernels against the engine on the torch reference ops, without a GPU: the kernels run
 on CPU tensors under TRITON_INTERPRET=1 (float32), the rest of the engine as on CUDA minus graphs and pinned copies.
 Chunked prefill puts decodes first in mixed steps (they take the decode kernel), single-sequence steps take the
-GEMV with its fused norm and activation, and greedy sampling takes the Triton argmax. Same tokens, logprobs close."""
+GEMV with its fused norm and activation, and greedy sampling takes the Triton argmax; for a model with sliding and
+full KV groups and for a Gated DeltaNet hybrid too. Same tokens, logprobs close."""
 from __future__ import annotations
 
 import os
@@ -32,30 +33,41 @@ def _generate(model_dir) -> tuple[list, list]:
              for o in scored])
 
 
-def test_engine_on_triton_kernels_matches_reference_ops(hf_models, monkeypatch):
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    from tests.conftest import model_builder_cache
+    from tests.parity.hybrid_models import build_hybrid_model
+
+    return model_builder_cache(tmp_path_factory, build_hybrid_model)
+
+
+# qwen3: q/k norm, GQA; gemma4: sliding and full KV groups with their own block tables, softcap; qwen3_5: Gated
+# DeltaNet layers (state slots) between gated full-attention layers
+@pytest.mark.parametrize("name", ["qwen3", "gemma4", "qwen3_5"])
+def test_engine_on_triton_kernels_matches_reference_ops(name, hf_models, hybrid_models, monkeypatch):
     from ember.ops.triton import attention as tri_attn
     from ember.ops.triton import reduce as tri_reduce
 
-    model_dir, _ = hf_models("qwen3")
+    model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
     ref = _generate(model_dir)
     monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
     monkeypatch.setattr(tri_attn, "MIXED_DECODE_MIN_SEQS", 2)  # the small batch's mixed steps split too
     monkeypatch.setattr(tri_reduce, "MIN_ROWS", 1)
     calls = {"decode_prefix": 0, "row_argmax": 0}
-    split, argmax = tri_attn._decode_prefix, tri_reduce.row_argmax
+    split, kernel = tri_attn._decode_prefix, tri_reduce._argmax_rows_kernel
 
     def counted_split(meta):
         parts = split(meta)
         calls["decode_prefix"] += parts is not None
         return parts
 
-    def counted_argmax(x):
-        calls["row_argmax"] += 1
-        return argmax(x)
+    class CountedKernel:  # the argmax's last launch, looked up in its module at each call
+        def __getitem__(self, grid):
+            calls["row_argmax"] += 1
+            return kernel[grid]
 
     monkeypatch.setattr(tri_attn, "_decode_prefix", counted_split)
-    monkeypatch.setattr(tri_reduce, "row_argmax", counted_argmax)
-    monkeypatch.setattr("ember.ops.triton.row_argmax", counted_argmax)
+    monkeypatch.setattr(tri_reduce, "_argmax_rows_kernel", CountedKernel())
     plain, scored = _generate(model_dir)
     assert calls["decode_prefix"] > 0, "no mixed step put its decodes through the decode kernel"
     assert calls["row_argmax"] > 0, "plain greedy did not sample through the Triton argmax"
