@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from attention import graph_ms  # benchmarks/attention.py (this directory is on sys.path when run as a script)
+from gemv import graph_us  # benchmarks/gemv.py: this directory is on sys.path when run as a script
 from ember.ops.triton import reduce
 from ember.ops.triton.reduce import row_argmax
 
@@ -31,8 +31,8 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         logits = [torch.randn(batch, args.vocab, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
         assert all(torch.equal(row_argmax(x), x.argmax(dim=-1)) for x in logits)
-        ours = graph_ms([lambda x=x: row_argmax(x) for x in logits]) / COPIES * 1e3
-        ref = graph_ms([lambda x=x: x.argmax(dim=-1) for x in logits]) / COPIES * 1e3
+        ours = graph_us([lambda x=x: row_argmax(x) for x in logits], replays=10)
+        ref = graph_us([lambda x=x: x.argmax(dim=-1) for x in logits], replays=10)
         gbps = batch * args.vocab * 2 / ours / 1e3
         rows.append(dict(batch=batch, vocab=args.vocab, ours_us=ours, torch_us=ref))
         print(f"batch {batch:4d}: ember {ours:6.1f} us ({gbps:.0f} GB/s), torch.argmax {ref:6.1f} us")

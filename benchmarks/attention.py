@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from tqdm import tqdm
 
 from ember.ops.triton import attention
 from ember.worker.attn_metadata import AttentionMetadata
+from gemv import graph_us  # benchmarks/gemv.py: this directory is on sys.path when run as a script
 
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}  # q heads, kv heads, head dim
 BLOCK_SIZE = 16
@@ -42,30 +42,7 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     for _ in range(100):  # ~0.5 s of copies first: the clocks leave idle
         dst.copy_(src)
-    return 2 * src.numel() * 2 / (graph_ms([lambda: dst.copy_(src)] * 4) / 4) * 1e3
-
-
-def graph_ms(calls, replays: int = 10) -> float:
-    """Median device milliseconds of one replay of a graph launching `calls` in order."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return 2 * src.numel() * 2 / graph_us([lambda: dst.copy_(src)] * 4, replays=10) * 1e6
 
 
 class Case:
@@ -125,10 +102,10 @@ class Case:
                                       qk["num_kv_heads"], qk["q_norm_weight"], qk["k_norm_weight"], 1e-6,
                                       qk["cos_sin"], qk["rot_dim"]), kv, self.meta, self.scale)
 
-        return graph_ms([call(i) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
+        return graph_us([call(i) for i in range(LAUNCHES)], replays=10)
 
     def time_us(self, config: dict | None = None) -> float:
-        return graph_ms([self.launch(i, config) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
+        return graph_us([self.launch(i, config) for i in range(LAUNCHES)], replays=10)
 
     def reference(self, pool: int = 0) -> torch.Tensor:
         """SDPA over the sequences' KV gathered into contiguous [B, H, C, D]."""
@@ -147,7 +124,7 @@ class Case:
         def call(k, v):
             return lambda: F.scaled_dot_product_attention(q, k, v, scale=self.scale, enable_gqa=True)
 
-        return graph_ms([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)]) / LAUNCHES * 1e3
+        return graph_us([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)], replays=10)
 
 
 def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: bool = False) -> dict:
@@ -175,8 +152,8 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
     out = attention.paged_attention(q, pool, meta, scale)
     ref = sdpa().transpose(1, 2).reshape_as(out)
     flops = 2 * seqs * length * length * hq * d  # QK^T + PV over the causal half
-    us = graph_ms([lambda: attention.paged_attention(q, pool, meta, scale)] * 8) / 8 * 1e3
-    sdpa_us = graph_ms([sdpa] * 8) / 8 * 1e3
+    us = graph_us([lambda: attention.paged_attention(q, pool, meta, scale)] * 8, replays=10)
+    sdpa_us = graph_us([sdpa] * 8, replays=10)
     row = dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
                sdpa_tflops=flops / sdpa_us * 1e-6,
                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
@@ -188,7 +165,7 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
             def call(cfg=cfg, o=o):
                 attention._prefill(q, pool, meta, o, scale, None, None, config=cfg)
             try:
-                t = graph_ms([call] * 8) / 8 * 1e3
+                t = graph_us([call] * 8, replays=10)
             except Exception as e:  # shared memory or registers
                 tqdm.write(f"  skip {cfg}: {type(e).__name__}")
                 continue
@@ -232,8 +209,8 @@ def mixed_case(heads: tuple[int, int, int], decodes: int, prompts: int, ctx: int
     out = torch.empty_like(q)
     ref = attention.paged_attention(q, pool, split, scale)
     attention._prefill(q, pool, whole, out, scale, None, None)
-    us = graph_ms([lambda: attention.paged_attention(q, pool, split, scale)] * 8) / 8 * 1e3
-    whole_us = graph_ms([lambda: attention._prefill(q, pool, whole, out, scale, None, None)] * 8) / 8 * 1e3
+    us = graph_us([lambda: attention.paged_attention(q, pool, split, scale)] * 8, replays=10)
+    whole_us = graph_us([lambda: attention._prefill(q, pool, whole, out, scale, None, None)] * 8, replays=10)
     return dict(kind="mixed", decodes=decodes, prompts=prompts, us=us, prefill_kernel_only_us=whole_us,
                 rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
 
