@@ -309,16 +309,19 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
         kv_gb = None  # hybrids: fixed per-request state and windows on top; size from free memory instead
     t0 = time.perf_counter()
     llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,
-              max_num_seqs=max(batches), max_num_batched_tokens=max(args.max_batched_tokens, args.prefill_len),
+              max_num_seqs=max(batches),
+              max_num_batched_tokens=args.max_batched_tokens and max(args.max_batched_tokens, args.prefill_len),
               enable_prefix_caching=False, progress=False, async_scheduling=not args.serial)
-    log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s")
+    log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s, "
+        f"max_num_batched_tokens {llm.engine.sched_cfg.max_num_batched_tokens}")
     from ember import SamplingParams  # warm-up: the prefill kernels compile on first use, outside the timings
     llm.generate(make_prompts(8, 64, vocab, seed=0), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     weight_bytes, body_params = model_sizes(llm.engine.runner.model)
     rows = []
     for prompt_len in prompt_lens:
         for batch in batches:
-            r = dict(shape=shape, engine="ember", batch=batch, prompt_len=prompt_len, output_len=OUTPUT_LEN)
+            r = dict(shape=shape, engine="ember", batch=batch, prompt_len=prompt_len, output_len=OUTPUT_LEN,
+                     max_num_batched_tokens=llm.engine.sched_cfg.max_num_batched_tokens)
             try:
                 r.update(bench_ember_decode(llm, batch, prompt_len, vocab))
             except Exception as e:  # keep measuring the rest; the error is reported in the table
@@ -396,8 +399,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64,256")
     ap.add_argument("--prompt-lens", default="128,2048")
     ap.add_argument("--prefill-len", type=int, default=8192)
-    ap.add_argument("--max-batched-tokens", type=int, default=8192,
-                    help="the scheduler's token budget per step (at least --prefill-len)")
+    ap.add_argument("--max-batched-tokens", type=int, default=None,
+                    help="the scheduler's token budget per step, at least --prefill-len (default: the engine's "
+                         "for the device, 16384 on an H200, as vLLM's LLM class)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")

@@ -37,6 +37,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def default_max_num_batched_tokens(device: torch.device, online: bool = False) -> int:
+    """The scheduler's token budget per step when none is given, as vLLM picks it: on CPU 2048; on a GPU with at
+    least 70 GiB (H100/H200 class) 16384 for offline batches (`LLM.generate`) and 8192 for a server, on smaller
+    GPUs 8192 / 2048. A bigger budget prefills more prompts per step (fewer steps that mix prefill with running
+    decodes); a server keeps it lower so that one step's prefill delays running streams less."""
+    if device.type != "cuda":
+        return 2048
+    big = torch.cuda.get_device_properties(device).total_memory >= 70 * 2**30
+    return (8192 if big else 2048) if online else (16384 if big else 8192)
+
+
 def read_hf_config(model_dir: Path) -> dict:
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ember.cli.common import add_model_args, build_llm
+from ember.config import default_max_num_batched_tokens, resolve_device
 
 DEMO_SERVED_NAME = "ember-demo"
 
@@ -24,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget of one engine step")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one engine step (default: 8192 on a GPU of 70 GiB or more, 2048 otherwise)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable KV prefix caching")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="finish each engine step before scheduling the next (no host/device overlap)")
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         print("ember serve: no MODEL given, serving the built-in demo model; it has random weights, "
               "so every reply is meaningless demo text", file=sys.stderr)
         args.model = str(demo_model_dir())
+    if args.max_num_batched_tokens is None:  # a server's budget: lower than LLM.generate's on the same device
+        args.max_num_batched_tokens = default_max_num_batched_tokens(resolve_device(args.device), online=True)
     llm = build_llm(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                     enable_prefix_caching=not args.no_prefix_caching,
                     async_scheduling=not args.no_async_scheduling, progress=sys.stderr.isatty())
