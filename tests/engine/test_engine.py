@@ -134,3 +134,26 @@ def test_token_budget_defaults_by_device(demo_dir, monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, t=total: SimpleNamespace(total_memory=t))
         assert default_max_num_batched_tokens(torch.device("cuda", 0)) == offline
         assert default_max_num_batched_tokens(torch.device("cuda", 0), online=True) == online
+
+
+def test_warm_up_leaves_pool_state_and_outputs_as_before(qwen3):
+    """The start-up warm-up (run by itself on CUDA) writes KV only into the scratch block 0 and keeps no sampled
+    ids: what follows generates as in a fresh engine."""
+    model_dir = qwen3
+    prompts = [[5, 9, 2, 7] * 5, list(range(3, 40)), [11] * 3]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    cold = LLM(str(model_dir), device="cpu", progress=False, max_num_batched_tokens=48, max_num_seqs=20)
+    expected = [o.outputs[0].token_ids for o in cold.generate(prompts, params)]
+
+    llm = LLM(str(model_dir), device="cpu", progress=False, max_num_batched_tokens=48, max_num_seqs=20)
+    runner = llm.engine.runner
+    launched = []
+    launch = runner.launch
+    runner.launch = lambda out: launched.append([len(s.token_ids) for s in out.seqs]) or launch(out)
+    runner.warm_up()
+    del runner.launch
+    assert launched == [[1] * 16 + [32]], "one mixed step: 16 one-token sequences and a prompt of the rest"
+    assert all(cache[:, 1:].abs().sum() == 0 for cache in runner.kv_caches if cache is not None)
+    assert any(cache[:, 0].abs().sum() > 0 for cache in runner.kv_caches if cache is not None)
+    assert runner._last_token_ids is None
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected

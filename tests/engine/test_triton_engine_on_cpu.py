@@ -2,7 +2,8 @@
 on CPU tensors under TRITON_INTERPRET=1 (float32), the rest of the engine as on CUDA minus graphs and pinned copies.
 Chunked prefill puts decodes first in mixed steps (they take the decode kernel), single-sequence steps take the
 GEMV with its fused norm and activation, and greedy sampling takes the Triton argmax; for a model with sliding and
-full KV groups and for a Gated DeltaNet hybrid too. Same tokens, logprobs close."""
+full KV groups and for a Gated DeltaNet hybrid too. The Triton run starts with the runner's warm-up, as on CUDA.
+Same tokens, logprobs close."""
 from __future__ import annotations
 
 import os
@@ -21,10 +22,13 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, te
 PROMPT_LENS = (5, 9, 30, 3, 17, 12)
 
 
-def _generate(model_dir) -> tuple[list, list]:
-    """(token ids of plain greedy, which samples by argmax alone; (token ids, logprobs) of greedy with logprobs)."""
+def _generate(model_dir, warm_up: bool = False) -> tuple[list, list]:
+    """(token ids of plain greedy, which samples by argmax alone; (token ids, logprobs) of greedy with logprobs).
+    warm_up: first run the runner's start-up warm-up (CUDA runs it by itself), which must leave no trace."""
     llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False, max_num_batched_tokens=32,
               max_num_seqs=8)
+    if warm_up:
+        llm.engine.runner.warm_up()
     prompts = [torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPT_LENS]
     plain = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     scored = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
@@ -68,7 +72,7 @@ def test_engine_on_triton_kernels_matches_reference_ops(name, hf_models, hybrid_
 
     monkeypatch.setattr(tri_attn, "_decode_prefix", counted_split)
     monkeypatch.setattr(tri_reduce, "_argmax_rows_kernel", CountedKernel())
-    plain, scored = _generate(model_dir)
+    plain, scored = _generate(model_dir, warm_up=True)
     assert calls["decode_prefix"] > 0, "no mixed step put its decodes through the decode kernel"
     assert calls["row_argmax"] > 0, "plain greedy did not sample through the Triton argmax"
     assert plain == ref[0]

@@ -13,6 +13,7 @@ import torch
 
 from ember import ops
 from ember.config import CacheConfig, ModelConfig
+from ember.kv.state_pool import StateStep
 from ember.kv.spec import (LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_groups, layer_kv_groups,
                            sliding_group_blocks, state_bytes_per_slot)
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -26,6 +27,9 @@ from ember.worker.state_cache import StateCache, StateMetadata
 from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
+# one-token sequences in warm_up's mixed step: at least ops.triton.attention.MIXED_DECODE_MIN_SEQS (16), so that the
+# mixed-step decode path runs, and its rows at least ops.triton.reduce.MIN_ROWS, so that the argmax kernels do
+MIXED_STEP_DECODES = 16
 
 
 @dataclass(slots=True)
@@ -153,6 +157,41 @@ class ModelRunner:
         if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
             self.graphs = self.make_graph_runner(GRAPH_BATCH_SIZES[-1])
             self.graphs.capture()
+        if self.device.type == "cuda" and ops.triton_enabled():
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Runs the eager steps that graph capture does not, so that their Triton kernels compile now rather than
+        in the first requests' steps (on an H200 a first batch of 256 prompts paid ~0.6 s of compilation, and a
+        108 ms garbage collection of the compiler's objects, in the middle of its run):
+        - a mixed step: one-token sequences (the decode kernel from ops MIXED_DECODE_MIN_SEQS of them on), a short
+          prompt (the prefill kernel's small tiles) and the argmax over their rows;
+        - a prompt chunk over 512 tokens (the wide tiles), when the token budget and context length allow one.
+        Every token writes its KV into the reserved scratch block 0 and its recurrent state into the scratch slot;
+        the sampled ids are dropped, so the pool, the state slots and the next step's inputs are as before."""
+        from ember.sampling_params import SamplingParams
+
+        c, bs = self.cache_cfg, self.block_size
+        scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
+        params = SamplingParams(temperature=0.0, max_tokens=1)
+
+        def seq(i: int, n: int, start: int) -> ScheduledSeq:
+            blocks = [0] * -(-(start + n) // bs)
+            state = None if scratch is None else StateStep(read_slot=-1 if start == 0 else scratch, write_slot=scratch)
+            groups = [blocks] * (len(self.kv_groups) - 1) if len(self.kv_groups) > 1 else None
+            return ScheduledSeq(f"warm-up-{i}", [0] * n, start, blocks, True, params, 0, [0] * (start + n), [], [],
+                                state, groups)
+
+        budget, max_len = c.max_num_batched_tokens, self.model_cfg.max_model_len
+        num_decodes = max(0, min(MIXED_STEP_DECODES, c.max_num_seqs - 1, budget - 1, max_len - 32))
+        steps = [[seq(i, 1, 31) for i in range(num_decodes)] + [seq(num_decodes, min(64, budget - num_decodes), 0)]]
+        if min(budget, max_len - 1) > 512:
+            steps.append([seq(0, min(budget, max_len - 1, 640), 0)])
+        for seqs in steps:
+            self.launch(SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs), [])).result()
+        self._last_token_ids, self._last_req_ids = None, []
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True) -> CudaGraphRunner:
         """Static decode buffers for this model's KV groups and state slots (use_graphs=False: no capture)."""

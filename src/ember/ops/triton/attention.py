@@ -75,7 +75,12 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
     return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 
-@triton.jit
+# Triton compiles a variant per value class of each integer argument (1, a multiple of 16, other) and per 16-byte
+# alignment of each pointer. A mixed step's block-table width and its metadata slices (_decode_prefix) change from
+# step to step; they feed scalar loads and address arithmetic only, so the kernels do not specialize on them and
+# the variant compiled at start-up (ModelRunner.warm_up) serves every step.
+@triton.jit(do_not_specialize=["stride_bt"],
+            do_not_specialize_on_alignment=["table_ptr", "seq_lens_ptr", "positions_ptr", "slot_ptr"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     positions_ptr, slot_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr, eps,
@@ -221,7 +226,8 @@ def _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i
     return _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"],
+            do_not_specialize_on_alignment=["table_ptr", "seq_lens_ptr", "query_start_ptr"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, query_start_ptr,
     scale_log2, softcap, window,

@@ -18,6 +18,7 @@ from ember.ops.triton.pdl import release_dependents, wait_prior
 BLOCK = 2048  # columns per program per iteration: 4 KB of bf16 in flight
 # fewer rows keep torch.argmax: one launch against two, and the 64 us measured was at batch 256
 MIN_ROWS = 16
+MAX_CHUNKS = 64  # chunks per row; the second kernel reads a fixed 64, so one variant serves every row count
 
 
 @triton.jit
@@ -27,7 +28,7 @@ def _first_max(v, i):
     return m, tl.min(tl.where(v == m, i, 2147483647), axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])  # vary with the row count: one compiled variant for all
 def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, n_cols, chunk, num_chunks, stride_x,
                          BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
@@ -53,7 +54,7 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, n_cols, chunk, num_chunks, str
     tl.store(idx_ptr + row * num_chunks + c, i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, CHUNKS_PAD: tl.constexpr, USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
@@ -73,7 +74,7 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     rows, n = x.shape
     # ~16 programs per SM over the whole batch (a streaming read wants many bytes in flight), each chunk a multiple
     # of BLOCK columns: 256 x 151,936 gives 9 chunks per row, 2,304 programs
-    num_chunks = max(1, min(64, triton.cdiv(16 * _num_sms(x.device), rows), triton.cdiv(n, BLOCK)))
+    num_chunks = max(1, min(MAX_CHUNKS, triton.cdiv(16 * _num_sms(x.device), rows), triton.cdiv(n, BLOCK)))
     chunk = triton.cdiv(triton.cdiv(n, num_chunks), BLOCK) * BLOCK
     num_chunks = triton.cdiv(n, chunk)
     vals = torch.empty(rows, num_chunks, dtype=torch.float32, device=x.device)
@@ -81,6 +82,6 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     _argmax_chunk_kernel[(rows, num_chunks)](x, vals, idx, n, chunk, num_chunks, x.stride(0), BLOCK=BLOCK,
                                              num_warps=4, **pdl.launch_args(x.device))
-    _argmax_rows_kernel[(rows,)](vals, idx, out, num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
+    _argmax_rows_kernel[(rows,)](vals, idx, out, num_chunks, CHUNKS_PAD=MAX_CHUNKS,
                                  num_warps=1, **pdl.launch_args(x.device))
     return out
