@@ -15,16 +15,22 @@ from ember.ops.triton.pdl import release_dependents, wait_prior
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                     stride_x, stride_r, stride_o, stride_ro,
+                     stride_x, stride_r, stride_o, stride_ro, stride_part,
                      BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                     USE_PDL: tl.constexpr):
+                     NUM_PARTS: tl.constexpr, USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
     dtype = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if NUM_PARTS > 0:  # x: float32 split-K partial products [NUM_PARTS, rows, n]; their sum rounded as a GEMM's
+        xs = tl.zeros([BLOCK], tl.float32)
+        for p in tl.static_range(NUM_PARTS):
+            xs += tl.load(x_ptr + p * stride_part + row * stride_x + offs, mask=mask, other=0.0)
+        x = xs.to(dtype)
+    else:
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
@@ -40,18 +46,20 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+            unit_offset: bool, parts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype)."""
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    out = torch.empty_like(x2)
-    res2 = residual.reshape(-1, n) if residual is not None else x2
-    res_out = torch.empty_like(x2) if residual is not None else out
+    x2 = x.reshape(-1, n) if parts is None else parts
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device).view(-1, n)
+    res2 = residual.reshape(-1, n) if residual is not None else out
+    res_out = torch.empty_like(out) if residual is not None else out
     block = triton.next_power_of_2(n)
     num_warps = 4 if block <= 2048 else 8
-    _rms_norm_kernel[(x2.shape[0],)](
-        x2, res2, weight, out, res_out, n, eps, x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0),
-        BLOCK=block, HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, num_warps=num_warps,
-        **pdl.launch_args(x.device),
+    _rms_norm_kernel[(out.shape[0],)](
+        x2, res2, weight, out, res_out, n, eps, x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0),
+        x2.stride(0) if parts is not None else 0,
+        BLOCK=block, HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset,
+        NUM_PARTS=parts.shape[0] if parts is not None else 0, num_warps=num_warps, **pdl.launch_args(x.device),
     )
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
 
@@ -64,3 +72,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                  unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     out, res = _launch(x, residual, weight, eps, unit_offset)
     return out, res
+
+
+def add_rms_norm_parts(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm of x = the sum of split-K partial products parts [P, rows, n] (float32), rounded to the
+    residual's dtype first, as a GEMM's split-K reduce rounds it: the reduce kernel and this norm in one pass."""
+    return _launch(residual, residual, weight, eps, unit_offset, parts=parts)
