@@ -4,7 +4,8 @@ own kernel or summed inside the norm.
 At batch 256 cuBLAS runs qwen3-8b's down projection (N=4096, K=12288) as a split-K GEMM and a reduce kernel
 (4.5 us of a ~10 ms step, x 36 layers), then ember's add + RMSNorm kernel reads the reduced output again. Here the
 split is ours: a batched GEMM over S slices of K writes S float32 partial products, and the norm kernel sums them
-(`ops.triton.norm.add_rms_norm_parts`): one kernel and one launch gap fewer.
+(`ops.triton.norm.add_rms_norm_parts`): one kernel and one launch gap fewer. The engine does this for a gated
+MLP's down projection (`ops.triton.gemm.gated_linear_parts`, `SPLIT_K_PARTS`, `SPLIT_K_ROWS`) from this sweep.
 
     python benchmarks/splitk_norm.py [--batches 64,128,256] [--out benchmarks/results/NAME]
 
@@ -23,18 +24,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from gemv import graph_us  # noqa: E402
 
+from ember.ops.triton.gemm import split_k_parts  # noqa: E402
 from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts  # noqa: E402
 
 SHAPES = {"8b down": (4096, 12288), "llama down": (4096, 14336), "8b o": (4096, 4096), "0.6b down": (1024, 3072)}
-
-
-def split_parts(x: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
-    """[S, M, N] float32 partial products of x [M, K] @ w[N, K]^T over S slices of K (views, no copies)."""
-    m, k = x.shape
-    n = w.shape[0]
-    xs = x.view(m, s, k // s).transpose(0, 1)
-    ws = w.view(n, s, k // s).permute(1, 2, 0)
-    return torch.bmm(xs, ws, out_dtype=torch.float32)
 
 
 def main() -> None:
@@ -58,9 +51,9 @@ def main() -> None:
             for s in (int(v) for v in args.splits.split(",")):
                 if k % s:
                     continue
-                out = add_rms_norm_parts(split_parts(x, ws[0], s), res, nw, 1e-6)
+                out = add_rms_norm_parts(split_k_parts(x, ws[0], s), res, nw, 1e-6)
                 err = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, ref))
-                row[f"split{s}_us"] = graph_us([lambda w=w: add_rms_norm_parts(split_parts(x, w, s), res, nw, 1e-6)
+                row[f"split{s}_us"] = graph_us([lambda w=w: add_rms_norm_parts(split_k_parts(x, w, s), res, nw, 1e-6)
                                                 for w in ws])
                 row[f"split{s}_err"] = err
             rows.append(row)

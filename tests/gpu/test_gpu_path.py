@@ -175,3 +175,29 @@ def test_async_scheduling_matches_serial_on_gpu(hf_models):
         del gpu
     assert all(len(t) == 48 for t in outs[True])
     assert outs[True] == outs[False]
+
+
+def test_split_k_partials_match_unsplit_in_the_engine(hf_models, monkeypatch):
+    """Steps of 128..512 rows take the down projection as float32 split-K partials that the next add + RMSNorm
+    sums (ops.triton.gemm.SPLIT_K_PARTS), in graphs and eager: the same greedy tokens and logprobs as with it off,
+    up to a bf16 near-tie."""
+    from ember.ops.triton import gemm as tri_gemm
+    from tests.gpu.test_hybrid_gpu import _assert_greedy_agrees
+
+    model_dir, _ = hf_models("qwen3")
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 500, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (160,), generator=g)]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
+    calls = []
+    split_k_parts = tri_gemm.split_k_parts
+    monkeypatch.setattr(tri_gemm, "split_k_parts", lambda *a: calls.append(a[0].shape[0]) or split_k_parts(*a))
+    outs = {}
+    for parts in (2, 0):
+        monkeypatch.setattr(tri_gemm, "SPLIT_K_PARTS", parts)
+        gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1, max_num_seqs=160)
+        outs[parts] = [o.outputs[0] for o in gpu.generate(prompts, params)]
+        del gpu
+        if parts:
+            assert 160 in calls, "the 160-sequence decode steps did not split"
+    for a, b in zip(outs[2], outs[0]):
+        _assert_greedy_agrees(a, b)

@@ -325,6 +325,39 @@ def test_gemv_ops_take_cublas_past_one_row(fn):
         assert torch.equal(res.cpu(), ref_res)
 
 
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_down_projection_split_k_partials_summed_in_the_next_norm(unit_offset, monkeypatch):
+    """At decode batch sizes a bf16 down projection comes back as float32 split-K partials; the next add + RMSNorm
+    (alone or before a projection) sums them, rounded to bf16 first as a GEMM's own reduce rounds: the residual
+    stream equals the reference's on that sum, and both outputs match the unsplit path."""
+    from ember.ops.triton import gemm as tri_gemm
+    g = torch.Generator().manual_seed(17)
+    dt, k, n = torch.bfloat16, 96, 64
+    gate_up = (2 * torch.randn(130, 2 * k, generator=g)).to(DEVICE, dt)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dt)
+    r = torch.randn(130, n, generator=g).to(DEVICE, dt)
+    nw = (0.1 * torch.randn(n, generator=g)).to(DEVICE, dt) + (0 if unit_offset else 1)
+    w2 = (torch.randn(24, n, generator=g) / n ** 0.5).to(DEVICE, dt)
+    parts = tri.gated_linear_parts(gate_up, w)
+    assert parts.shape == (2, 130, n) and parts.dtype == torch.float32
+    unsplit = ref_gemm.gated_linear(gate_up.float().cpu(), w.float().cpu())  # float32 throughout
+    assert_close(parts.sum(0).cpu(), unsplit, 2e-2)
+    h = parts.sum(0).to(dt)
+    out, res = tri.add_rms_norm(parts, r, nw, 1e-6, unit_offset)
+    ref_out, ref_res = ref_norm.add_rms_norm(h.cpu(), r.cpu(), nw.cpu(), 1e-6, unit_offset)
+    if DEVICE == "cuda":
+        assert torch.equal(res.cpu(), ref_res)
+    else:  # the interpreter rounds float32 -> bf16 toward zero, not to nearest: one unit in the last place
+        assert_close(res.float(), ref_res.float(), 1e-2)
+    assert_close(out.float().cpu(), ref_out.float(), 2e-2)
+    y, res2 = tri.rms_norm_linear(parts, r, nw, 1e-6, w2, None, unit_offset)
+    assert torch.equal(res2, res)
+    assert_close(y.float().cpu(), ref_gemm.linear(out.float().cpu(), w2.float().cpu()), 2e-2)
+    assert tri.gated_linear_parts(gate_up[:5], w).shape == (5, n)  # below SPLIT_K_ROWS: the plain output
+    monkeypatch.setattr(tri_gemm, "SPLIT_K_PARTS", 0)
+    assert tri.gated_linear_parts(gate_up, w).shape == (130, n)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,cols", [(1, 151936), (3, 1000), (37, 4099), (300, 64)])
 def test_row_argmax_matches_torch_with_ties(dtype, rows, cols, monkeypatch):

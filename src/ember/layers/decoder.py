@@ -99,12 +99,12 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds the two, so
-        each residual add is fused with the norm that follows it."""
+        each residual add is fused with the norm that follows it (and may sum the MLP output's split-K partials)."""
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = attn.qkv_proj.forward_normed(h, residual, self.input_layernorm)
         h = attn.attend(positions, qkv, meta)
         gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
-        return mlp.down_proj(gate_up, act=mlp.act), residual
+        return mlp.down_proj.forward_into_norm(gate_up, mlp.act), residual
 
 
 class DecoderModel(nn.Module):

@@ -67,6 +67,14 @@ class Linear(nn.Module):
         out = self.tp.all_reduce(out)
         return out if self.bias is None else out + self.bias
 
+    def forward_into_norm(self, x: torch.Tensor, act: str) -> torch.Tensor:
+        """self(x, act) for a caller that only adds the result to the residual stream and normalises it (the next
+        block's forward_normed, or the final RMSNorm): on CUDA at decode batch sizes, float32 split-K partial
+        products that those ops sum (ops.gated_linear_parts)."""
+        if self.parallel == "row" or self.bias is not None:
+            return self(x, act)
+        return ops.gated_linear_parts(x, self.weight, act)
+
     def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None,
                        norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(norm(x + residual)), x + residual): a pre-norm block's residual add, its RMSNorm (layers/norm.py)

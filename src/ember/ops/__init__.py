@@ -44,9 +44,10 @@ add_rms_norm = _select("add_rms_norm", norm.add_rms_norm)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
+gated_linear_parts = _select("gated_linear_parts", gemm.gated_linear_parts)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 row_argmax = _select("row_argmax", reduce.row_argmax)
 
-__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "linear", "paged_attention",
-           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax", "triton_enabled",
-           "write_kv"]
+__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "gated_linear_parts", "linear",
+           "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax",
+           "triton_enabled", "write_kv"]

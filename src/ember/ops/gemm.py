@@ -21,6 +21,13 @@ def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return F.linear(gated(gate_up, act), weight, bias)
 
 
+def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """gated_linear (no bias) for a caller that only adds the result to the residual stream and normalises it
+    (add_rms_norm, rms_norm_linear). A kernel may return float32 split-K partial products [S, ..., N] instead of
+    the [..., N] output; those two ops sum them. The reference returns gated_linear's output."""
+    return gated_linear(gate_up, weight, None, act)
+
+
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None,
                     unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

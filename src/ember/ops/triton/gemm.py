@@ -17,6 +17,8 @@ Inputs of more than one row go to cuBLAS (F.linear) with the separate Triton nor
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -25,7 +27,7 @@ import triton.language as tl
 from ember.ops.activation import gated
 from ember.ops.triton.activation import silu_and_mul
 from ember.ops.triton import pdl
-from ember.ops.triton.norm import add_rms_norm, rms_norm
+from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts, is_split_k_parts, rms_norm
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # The norm prologue re-reads x (+ residual, + norm weight) in every program: ~40 KB per program against ~32 KB of
@@ -34,6 +36,14 @@ from ember.ops.triton.pdl import release_dependents, wait_prior
 # us), so those run the norm kernel and then the GEMV.
 NORM_FUSE_MAX_WEIGHT = 8 * 2**20  # elements
 ACT_CODES = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_new": 2, "gelu": 3}
+# A gated MLP's down projection before the next residual add + RMSNorm, at decode batch sizes: cuBLAS runs
+# qwen3-8b's (K=12288) as a split-K GEMM plus a reduce kernel, and the norm kernel then reads the reduced output.
+# Splitting K ourselves (a batched GEMM into float32 partials) and summing the partials in the norm kernel saves
+# the reduce kernel and its launch gap: 46.8 -> 42.6 us per layer at batch 256, 36.1 -> 34.0 at 128 for qwen3-8b;
+# 9.9 -> 8.5 for qwen3-0.6b (K=3072) at 256; a wash at 64 (benchmarks/splitk_norm.py on an H200). Larger inputs
+# (prefill) do not split in cuBLAS, and the float32 partials would only add traffic. EMBER_SPLIT_K_PARTS=0: off.
+SPLIT_K_PARTS = int(os.environ.get("EMBER_SPLIT_K_PARTS", "2"))
+SPLIT_K_ROWS = (128, 512)
 
 
 @triton.jit
@@ -151,9 +161,32 @@ def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return launch_gemv(x2.contiguous(), weight, bias, act=act)[0].view(*gate_up.shape[:-1], weight.shape[0])
 
 
+def split_k_parts(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
+    """[S, rows, N] float32 partial products of x [rows, K] @ weight[N, K]^T over S slices of K, by one batched
+    GEMM over strided views (no copies)."""
+    rows, k = x.shape
+    xs = x.view(rows, splits, k // splits).transpose(0, 1)
+    ws = weight.view(weight.shape[0], splits, k // splits).permute(1, 2, 0)
+    if not x.is_cuda:  # the Triton interpreter tests: no float32-output bmm on CPU
+        return torch.bmm(xs.float(), ws.float())
+    return torch.bmm(xs, ws, out_dtype=torch.float32)
+
+
+def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    x2 = gate_up.reshape(-1, gate_up.shape[-1])
+    k, s = weight.shape[1], SPLIT_K_PARTS
+    if (s > 1 and act == "silu" and SPLIT_K_ROWS[0] <= x2.shape[0] <= SPLIT_K_ROWS[1] and k % (8 * s) == 0
+            and weight.stride(1) == 1 and x2.dtype in (torch.bfloat16, torch.float16) and gate_up.dim() == 2):
+        return split_k_parts(silu_and_mul(x2), weight, s)
+    return gated_linear(gate_up, weight, None, act)
+
+
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None,
                     unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None and is_split_k_parts(x, residual):
+        h, residual = add_rms_norm_parts(x, residual, norm_weight, eps, unit_offset)
+        return linear(h, weight, bias), residual
     x2 = x.reshape(-1, x.shape[-1])
     if not _gemv_ok(x2, weight) or weight.numel() > NORM_FUSE_MAX_WEIGHT:
         if residual is None:

@@ -68,8 +68,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     return _launch(x, None, weight, eps, unit_offset)[0]
 
 
+def is_split_k_parts(x: torch.Tensor, residual: torch.Tensor) -> bool:
+    """x is float32 split-K partials [S, *residual.shape] of a projection in the residual's dtype
+    (ember.ops.gemm.gated_linear_parts)."""
+    return x.dim() == residual.dim() + 1 and x.dtype == torch.float32 and residual.dtype != torch.float32
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if is_split_k_parts(x, residual):
+        return add_rms_norm_parts(x, residual, weight, eps, unit_offset)
     out, res = _launch(x, residual, weight, eps, unit_offset)
     return out, res
 
