@@ -20,6 +20,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -138,9 +139,15 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
     prompts = make_prompts(batch, prompt_len, vocab, seed=batch * 7 + prompt_len)
     timer = StepTimer(llm.engine)
     collections = []  # Python garbage collections during the run: (generation, ms)
+    gen2_heaps = []  # what a full collection walks: object count, the most common types, the freeze count
 
     def on_gc(phase, info, t=[0.0]):
         if phase == "start":
+            if info["generation"] == 2:  # counted before the clock starts: the stall measured is the collection's
+                objs = gc.get_objects(2)
+                gen2_heaps.append(dict(objects=len(objs), frozen=gc.get_freeze_count(),
+                                       top=Counter(type(o).__name__ for o in objs).most_common(8)))
+                del objs
             t[0] = time.perf_counter()
         else:
             collections.append((info["generation"], 1e3 * (time.perf_counter() - t[0])))
@@ -158,6 +165,7 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
     timeline = timer.timeline(run_start, run_end)
     timeline["gc"] = {f"gen{g}": dict(count=sum(x == g for x, _ in collections),
                                       ms=round(sum(ms for x, ms in collections if x == g), 2)) for g in (0, 1, 2)}
+    timeline["gc"]["gen2_heaps"] = gen2_heaps
     timer.close()
     assert all(len(o.outputs[0].token_ids) == OUTPUT_LEN for o in outs)
     full = [(n, t) for kind, n, t in timer.steps if kind == "decode" and n == batch]
