@@ -8,5 +8,5 @@ from ember.ops.triton.norm import add_rms_norm, rms_norm
 from ember.ops.triton.qkv import prepare_qkv, write_kv
 from ember.ops.triton.reduce import row_argmax
 
-__all__ = ["add_rms_norm", "gated_delta_decode", "gated_linear", "gated_linear_parts", "linear", "paged_attention", "prepare_qkv",
-           "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax", "silu_and_mul", "write_kv"]
+__all__ = ["add_rms_norm", "gated_delta_decode", "gated_linear", "gated_linear_parts", "linear", "paged_attention",
+           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax", "silu_and_mul", "write_kv"]
