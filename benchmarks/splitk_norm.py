@@ -59,7 +59,8 @@ def main() -> None:
             rows.append(row)
             best = min((v, key) for key, v in row.items() if key.endswith("_us"))
             print(f"{name:<10} M={m:>4}: cuBLAS + norm {base:6.1f} us; "
-                  + "; ".join(f"{key[:-3]} {v:6.1f}" for key, v in row.items() if key.startswith("split") and key.endswith("_us"))
+                  + "; ".join(f"{key[:-3]} {v:6.1f}" for key, v in row.items()
+                              if key.startswith("split") and key.endswith("_us"))
                   + f"  (best: {best[1][:-3]})", flush=True)
         del ws
         torch.cuda.empty_cache()

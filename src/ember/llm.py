@@ -30,7 +30,8 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 class LLM:
     def __init__(self, model: str | Path | None = None, *, dtype: str = "auto", device: str | None = None,
                  max_model_len: int | None = None, kv_cache_gb: float | None = None, block_size: int = 16,
-                 enable_prefix_caching: bool = True, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
+                 enable_prefix_caching: bool = True, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int | None = None,
                  load_format: str = "safetensors", seed: int = 0, progress: bool = True,
                  tensor_parallel_size: int = 1, async_scheduling: bool = True) -> None:
         if model is None:

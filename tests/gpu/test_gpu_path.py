@@ -186,7 +186,8 @@ def test_split_k_partials_match_unsplit_in_the_engine(hf_models, monkeypatch):
 
     model_dir, _ = hf_models("qwen3")
     g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, 500, (int(n),), generator=g).tolist() for n in torch.randint(3, 40, (160,), generator=g)]
+    lengths = torch.randint(3, 40, (160,), generator=g).tolist()
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in lengths]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
     calls = []
     split_k_parts = tri_gemm.split_k_parts
