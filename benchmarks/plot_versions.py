@@ -14,6 +14,7 @@ VERSIONS = [  # label, results file (JSON written by gpu_decode.py)
     ("v1", "2026-12-02-h200-gpu_decode.json"), ("v3", "2026-12-02-h200-gpu_decode-nodetok.json"),
     ("v4", "2026-12-03-h200-gpu_decode-v4b.json"), ("v5", "2026-12-03-h200-gpu_decode-v5.json"),
     ("v5b", "2026-12-03-h200-gpu_decode-v5b.json"), ("v6", "2026-12-03-h200-gpu_decode-v6.json"),
+    ("v7", "2026-12-03-h200-gpu_decode-v7.json"), ("v8\n206 ms GC", "2026-12-03-h200-gpu_decode-v8.json"),
 ]
 TARGETS = [  # title, shape, batch, metric, threshold
     ("qwen3-8b, batch 1: decode tok/s", "qwen3-8b", 1, "decode_tok_s", 215),
