@@ -59,6 +59,25 @@ def test_prompt_logprobs_and_greedy_match_transformers(arch, hf_models):
     assert out.outputs[0].finish_reason == "length"
 
 
+def test_prompt_logprobs_in_slices_match_transformers(hf_models, monkeypatch):
+    """Prompt logprobs computed a few logits rows at a time (a 16k-token chunk would otherwise hold 10 GB of float32
+    logits at once) give the reference's values at every position."""
+    from ember.worker import model_runner
+
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 5)
+    model_dir, hf = hf_models("qwen3")
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
+    ids = prompt(33, 2)
+    out = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2))[0]
+    with torch.no_grad():
+        ref_lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+    assert len(out.prompt_logprobs) == len(ids)
+    for pos in range(1, len(ids)):
+        entry = out.prompt_logprobs[pos]
+        assert abs(entry[ids[pos]].logprob - ref_lp[pos - 1, ids[pos]].item()) <= 1e-4
+        assert set(ref_lp[pos - 1].topk(2).indices.tolist()) <= set(entry)
+
+
 def test_batched_equals_solo(arch, hf_models):
     model_dir, _ = hf_models(arch)
     llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False, enable_prefix_caching=False)

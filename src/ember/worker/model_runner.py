@@ -27,6 +27,9 @@ from ember.worker.state_cache import StateCache, StateMetadata
 from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
+# prompt logprobs: logits rows computed at a time. A chunk may be a whole 16k-token step budget, whose float32
+# logits over a 152k vocabulary would take 10 GB at once; 1024 rows take ~0.9 GB (with the model-dtype copy)
+PROMPT_LOGPROBS_ROWS = 1024
 # one-token sequences in warm_up's mixed step: at least ops.triton.attention.MIXED_DECODE_MIN_SEQS (16), so that the
 # mixed-step decode path runs, and its rows at least ops.triton.reduce.MIN_ROWS, so that the argmax kernels do
 MIXED_STEP_DECODES = 16
@@ -391,7 +394,10 @@ class ModelRunner:
             last = min(seq.start_pos + n, num_prompt - 1)
             if k is not None and seq.start_pos < last:
                 count = last - seq.start_pos
-                logits = self.model.compute_logits(hidden[start_row:start_row + count]).float()
                 targets = torch.tensor(seq.prompt_token_ids[seq.start_pos + 1:last + 1], device=self.device)
-                result[seq.req_id] = _rows(compute_logprobs(logits, targets, k), count)
+                rows = result[seq.req_id] = []
+                for a in range(0, count, PROMPT_LOGPROBS_ROWS):  # a bounded slice of [count, vocab] logits at a time
+                    b = min(count, a + PROMPT_LOGPROBS_ROWS)
+                    logits = self.model.compute_logits(hidden[start_row + a:start_row + b]).float()
+                    rows += _rows(compute_logprobs(logits, targets[a:b], k), b - a)
             start_row += n
