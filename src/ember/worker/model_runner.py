@@ -187,7 +187,8 @@ class ModelRunner:
 
         budget, max_len = c.max_num_batched_tokens, self.model_cfg.max_model_len
         num_decodes = max(0, min(MIXED_STEP_DECODES, c.max_num_seqs - 1, budget - 1, max_len - 32))
-        steps = [[seq(i, 1, 31) for i in range(num_decodes)] + [seq(num_decodes, min(64, budget - num_decodes), 0)]]
+        prompt = seq(num_decodes, min(64, budget - num_decodes, max_len), 0)
+        steps = [[seq(i, 1, 31) for i in range(num_decodes)] + [prompt]]
         if min(budget, max_len - 1) > 512:
             steps.append([seq(0, min(budget, max_len - 1, 640), 0)])
         for seqs in steps:
