@@ -27,7 +27,7 @@ import triton.language as tl
 from ember.ops.activation import gated
 from ember.ops.triton.activation import silu_and_mul
 from ember.ops.triton import pdl
-from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts, is_split_k_parts, rms_norm
+from ember.ops.triton.norm import add_rms_norm, rms_norm
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # The norm prologue re-reads x (+ residual, + norm weight) in every program: ~40 KB per program against ~32 KB of
@@ -184,10 +184,8 @@ def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None,
                     unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    if residual is not None and is_split_k_parts(x, residual):
-        h, residual = add_rms_norm_parts(x, residual, norm_weight, eps, unit_offset)
-        return linear(h, weight, bias), residual
     x2 = x.reshape(-1, x.shape[-1])
+    # split-K partials (gated_linear_parts: float32, several rows) are never a GEMV input; add_rms_norm sums them
     if not _gemv_ok(x2, weight) or weight.numel() > NORM_FUSE_MAX_WEIGHT:
         if residual is None:
             h, residual = rms_norm(x, norm_weight, eps, unit_offset), x
