@@ -191,11 +191,9 @@ class ModelRunner:
         steps = [[seq(i, 1, 31) for i in range(num_decodes)] + [prompt]]
         if min(budget, max_len - 1) > 512:
             steps.append([seq(0, min(budget, max_len - 1, 640), 0)])
-        for seqs in steps:
+        for seqs in steps:  # result() waits for the step's sampled ids, the last of its device work
             self.launch(SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs), [])).result()
         self._last_token_ids, self._last_req_ids = None, []
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True) -> CudaGraphRunner:
         """Static decode buffers for this model's KV groups and state slots (use_graphs=False: no capture)."""
