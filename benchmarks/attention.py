@@ -11,7 +11,8 @@ HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The 
 contiguous [B, H, C, D] tensors, which reads the same bytes without a block table. For NHD it also times the whole
 decode attention of a layer from the qkv projection's output: the decode kernel with prepare_qkv fused in (q/k
 norm, rotary, KV write; off in the engine) against prepare_qkv + paged_attention. --prefill-cases times the
-prefill kernel on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch;
+prefill kernel on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch (and
+torch's varlen flash attention on the packed prompts where torch has it);
 --mixed-cases a chunked-prefill step (DECODESxPROMPTS) whose decodes go to the decode kernel against the whole step
 in the prefill kernel.
 
@@ -127,6 +128,29 @@ class Case:
         return graph_us([call(*kvs[i % len(kvs)]) for i in range(LAUNCHES)], replays=10)
 
 
+def varlen_peer(k: torch.Tensor, v: torch.Tensor, qb: torch.Tensor, length: int, scale: float):
+    """torch's variable-length flash attention (torch.nn.attention.varlen, torch 2.10+) over the same packed
+    prompts, causal; None where torch lacks it. Without its enable_gqa (torch 2.11 has none) the kv heads are
+    repeated up front, outside the timing."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+
+    params = inspect.signature(varlen_attn).parameters
+    seqs, hq, _, d = qb.shape
+    q = qb.transpose(1, 2).reshape(seqs * length, hq, d)
+    kw = dict(is_causal=True) if "is_causal" in params else dict(window_size=(-1, 0))
+    if "enable_gqa" in params:
+        kw["enable_gqa"] = True
+    else:
+        k, v = (t.repeat_interleave(hq // t.shape[1], 1) for t in (k, v))
+    k, v = (t.transpose(1, 2).reshape(seqs * length, -1, d) for t in (k, v))
+    cu = torch.arange(0, seqs * length + 1, length, device=q.device, dtype=torch.int32)
+    return lambda: varlen_attn(q, k, v, cu, cu, length, length, scale=scale, **kw)
+
+
 def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: bool = False) -> dict:
     """Fresh prompts (no cached context): ember's paged prefill kernel against SDPA causal on [seqs, H, length, D]."""
     hq, hkv, d = heads
@@ -157,6 +181,8 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
     row = dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
                sdpa_tflops=flops / sdpa_us * 1e-6,
                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    if (varlen := varlen_peer(k, v, qb, length, scale)) is not None:
+        row["varlen_us"] = graph_us([varlen] * 8, replays=10)
     if sweep:
         def time_us(cfg: dict) -> float:
             o = torch.empty_like(q)
@@ -237,7 +263,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
     for (batch, ctx), layout in tqdm(list(itertools.product(cases, args.layouts.split(","))), desc="cases"):
         case = Case(HEADS[args.heads], batch, ctx, layout)
         default = attention.decode_config(batch, case.heads[1], case.q.device)
@@ -268,7 +294,8 @@ def main() -> None:
         rows.append(row)
         tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) "
                    f"err {row['rel_err']:.1e}  "
-                   f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)")
+                   f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)"
+                   + (f"  varlen {row['varlen_us']:8.1f} us" if "varlen_us" in row else ""))
     for spec in args.mixed_cases.split(",") if args.mixed_cases else []:
         decodes, prompts = (int(x) for x in spec.split("x"))
         row = mixed_case(HEADS[args.heads], decodes, prompts)
