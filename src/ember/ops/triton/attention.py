@@ -34,6 +34,10 @@ FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM
 # a mixed step's leading one-token sequences go to the decode kernel from this many on: in the prefill kernel each
 # fills a whole BLOCK_M query tile for one row (a batch-256 run's mixed steps spent ~300 us per layer on them)
 MIXED_DECODE_MIN_SEQS = 16
+# EMBER_DECODE_TILE="BLOCK_N,num_warps,num_stages": the unsplit decode launch's tile on a GPU, for measuring
+# alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a microbenchmark
+_tile = os.environ.get("EMBER_DECODE_TILE")
+DECODE_TILE = dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, _tile.split(",")))) if _tile else None
 LOG2E = 1.4426950408889634
 
 
@@ -312,8 +316,11 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dic
     one or two tiles per split) keep v5's 2 stages."""
     on_gpu = device.type == "cuda"
     num_splits = decode_num_splits(num_seqs, num_kv_heads, device)
-    return dict(num_splits=num_splits, BLOCK_N=64 if on_gpu else 16, num_warps=4,
-                num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
+    cfg = dict(num_splits=num_splits, BLOCK_N=64 if on_gpu else 16, num_warps=4,
+               num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
+    if on_gpu and num_splits == 1 and DECODE_TILE:
+        cfg.update(DECODE_TILE)
+    return cfg
 
 
 def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
