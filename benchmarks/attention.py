@@ -11,7 +11,8 @@ HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The 
 contiguous [B, H, C, D] tensors, which reads the same bytes without a block table. For NHD it also times the whole
 decode attention of a layer from the qkv projection's output: the decode kernel with prepare_qkv fused in (q/k
 norm, rotary, KV write; off in the engine) against prepare_qkv + paged_attention. --prefill-cases times the
-prefill kernel on fresh prompts (SEQSxLEN) against SDPA's causal flash attention on the same padded batch (and
+prefill path on fresh prompts (SEQSxLEN; the kernel alone, and the engine's path, which sends prompts of
+FLASH_PREFILL_MIN_QUERY tokens or more to SDPA) against SDPA's causal flash attention on the same padded batch (and
 torch's varlen flash attention on the packed prompts where torch has it);
 --mixed-cases a chunked-prefill step (DECODESxPROMPTS) whose decodes go to the decode kernel against the whole step
 in the prefill kernel.
@@ -177,8 +178,11 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
     ref = sdpa().transpose(1, 2).reshape_as(out)
     flops = 2 * seqs * length * length * hq * d  # QK^T + PV over the causal half
     us = graph_us([lambda: attention.paged_attention(q, pool, meta, scale)] * 8, replays=10)
+    o = torch.empty_like(q)
+    kernel_us = graph_us([lambda: attention._prefill(q, pool, meta, o, scale, None, None, flash=False)] * 8, replays=10)
     sdpa_us = graph_us([sdpa] * 8, replays=10)
-    row = dict(kind="prefill", seqs=seqs, length=length, us=us, sdpa_us=sdpa_us, tflops=flops / us * 1e-6,
+    row = dict(kind="prefill", seqs=seqs, length=length, us=us, kernel_us=kernel_us, sdpa_us=sdpa_us,
+               tflops=flops / us * 1e-6,
                sdpa_tflops=flops / sdpa_us * 1e-6,
                rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
     if (varlen := varlen_peer(k, v, qb, length, scale)) is not None:
@@ -186,7 +190,8 @@ def prefill_case(heads: tuple[int, int, int], seqs: int, length: int, sweep: boo
     if sweep:
         def time_us(cfg: dict) -> float:
             o = torch.empty_like(q)
-            t = graph_us([lambda: attention._prefill(q, pool, meta, o, scale, None, None, config=cfg)] * 8, replays=10)
+            t = graph_us([lambda: attention._prefill(q, pool, meta, o, scale, None, None, config=cfg, flash=False)] * 8,
+                         replays=10)
             err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
             tqdm.write(f"  prefill {seqs}x{length} {cfg}: {t:8.1f} us ({flops / t * 1e-6:.0f} TFLOP/s) err {err:.1e}")
             return t
@@ -228,9 +233,10 @@ def mixed_case(heads: tuple[int, int, int], decodes: int, prompts: int, ctx: int
     scale = d**-0.5
     out = torch.empty_like(q)
     ref = attention.paged_attention(q, pool, split, scale)
-    attention._prefill(q, pool, whole, out, scale, None, None)
+    attention._prefill(q, pool, whole, out, scale, None, None, flash=False)
     us = graph_us([lambda: attention.paged_attention(q, pool, split, scale)] * 8, replays=10)
-    whole_us = graph_us([lambda: attention._prefill(q, pool, whole, out, scale, None, None)] * 8, replays=10)
+    whole_us = graph_us([lambda: attention._prefill(q, pool, whole, out, scale, None, None, flash=False)] * 8,
+                        replays=10)
     return dict(kind="mixed", decodes=decodes, prompts=prompts, us=us, prefill_kernel_only_us=whole_us,
                 rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
 
@@ -292,7 +298,8 @@ def main() -> None:
         seqs, length = (int(x) for x in spec.split("x"))
         row = prefill_case(HEADS[args.heads], seqs, length, args.sweep)
         rows.append(row)
-        tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s) "
+        tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s; kernel alone "
+                   f"{row['kernel_us']:.1f} us) "
                    f"err {row['rel_err']:.1e}  "
                    f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)"
                    + (f"  varlen {row['varlen_us']:8.1f} us" if "varlen_us" in row else ""))

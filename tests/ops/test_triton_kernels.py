@@ -249,6 +249,46 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
 
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
+def test_paged_prefill_long_queries_by_flash_attention(monkeypatch, dtype, heads, kv_heads, head_dim, window, softcap):
+    """Sequences with many queries go to SDPA (a fresh prompt: causal; a chunk after cached context: causal from
+    the bottom right); the rest, decodes included, to the prefill kernel. Same result as the reference."""
+    from ember.ops.triton import attention as tri_attn
+    monkeypatch.setattr(tri_attn, "FLASH_PREFILL_MIN_QUERY", 16)
+    calls = []
+    flash = tri_attn._flash_prefill
+    monkeypatch.setattr(tri_attn, "_flash_prefill", lambda q, kv, meta, out, seq, scale: (
+        calls.append(seq), flash(q, kv, meta, out, seq, scale)))
+    query_lens, context = [37, 1, 20, 5, 1], [0, 40, 33, 0, 3]
+    q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + head_dim + 1)
+    scale = head_dim ** -0.5
+    out = tri.paged_attention(q, pool, meta, scale, window, softcap)
+    close(out, reference_attention(q, pool, meta, scale, window, softcap), dtype)
+    eligible = window is None and softcap is None and (DEVICE == "cpu" or dtype != torch.float32)
+    assert calls == ([0, 2] if eligible else [])
+
+
+def test_prefill_kernel_skips_sequences_sent_to_flash_attention(monkeypatch):
+    """The prefill kernel leaves the long sequences' rows to SDPA (here a stand-in that writes zeros) and computes
+    every other row, also when all of them are long (no kernel launch)."""
+    from ember.ops.triton import attention as tri_attn
+    monkeypatch.setattr(tri_attn, "FLASH_PREFILL_MIN_QUERY", 16)
+    monkeypatch.setattr(tri_attn, "_flash_prefill", lambda q, kv, meta, out, seq, scale: out[
+        meta.query_start_loc_cpu[seq]:meta.query_start_loc_cpu[seq + 1]].zero_())
+    for query_lens, context in (([3, 30, 1, 17, 6], [5, 0, 20, 9, 0]), ([16, 40], [0, 7])):
+        q, pool, meta = _batch(query_lens, context, 4, 2, 16, torch.float32, 3)
+        out = tri.paged_attention(q, pool, meta, 0.25)
+        ref = reference_attention(q, pool, meta, 0.25, None, None)
+        starts = meta.query_start_loc_cpu
+        for i, n in enumerate(query_lens):
+            rows = slice(starts[i], starts[i + 1])
+            if n >= 16:
+                assert (out[rows] == 0).all()
+            else:
+                close(out[rows], ref[rows], torch.float32)
+
+
 GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100)]  # n, k: ragged and multi-block in both
 
 
