@@ -276,8 +276,9 @@ def test_prefill_kernel_skips_sequences_sent_to_flash_attention(monkeypatch):
     monkeypatch.setattr(tri_attn, "FLASH_PREFILL_MIN_QUERY", 16)
     monkeypatch.setattr(tri_attn, "_flash_prefill", lambda q, kv, meta, out, seq, scale: out[
         meta.query_start_loc_cpu[seq]:meta.query_start_loc_cpu[seq + 1]].zero_())
+    dtype = DTYPES[-1]  # float32 on CPU; bfloat16 on a GPU (its flash attention takes no float32)
     for query_lens, context in (([3, 30, 1, 17, 6], [5, 0, 20, 9, 0]), ([16, 40], [0, 7])):
-        q, pool, meta = _batch(query_lens, context, 4, 2, 16, torch.float32, 3)
+        q, pool, meta = _batch(query_lens, context, 4, 2, 16, dtype, 3)
         out = tri.paged_attention(q, pool, meta, 0.25)
         ref = reference_attention(q, pool, meta, 0.25, None, None)
         starts = meta.query_start_loc_cpu
@@ -286,7 +287,7 @@ def test_prefill_kernel_skips_sequences_sent_to_flash_attention(monkeypatch):
             if n >= 16:
                 assert (out[rows] == 0).all()
             else:
-                close(out[rows], ref[rows], torch.float32)
+                close(out[rows], ref[rows], dtype)
 
 
 GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100)]  # n, k: ragged and multi-block in both
