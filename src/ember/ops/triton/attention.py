@@ -43,12 +43,12 @@ MIXED_DECODE_MIN_SEQS = 16
 # alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a microbenchmark
 # Prefill sequences with at least this many queries in a step go to torch's flash attention (SDPA over the
 # sequence's keys gathered from the pool, causal from the bottom right), the rest to the prefill kernel, which
-# skips them. On an H200 (benchmarks/attention.py, qwen3-8b heads, per layer) an 8192-token prompt took 972 us
-# this way against 1,697 us in the kernel; 8 prompts of 1024 took 347 us (one SDPA call, two KV gathers and an
-# output copy each) against 305 us in the kernel, where SDPA over the padded batch takes 153. The crossover lies
-# between; the kernel's time grows with the square of the length, the per-call costs do not. Sliding windows,
+# skips them. On an H200 (benchmarks/attention.py, qwen3-8b heads, us per layer, this way vs the kernel):
+# 1 x 8192 tokens 972 vs 1,697; 2 x 4096 575 vs 947; 4 x 2048 403 vs 498; 4 x 1536 272 vs 310; but 8 x 1024 347
+# vs 305 (one SDPA call, two KV gathers and an output copy per sequence; SDPA over the padded batch takes 153).
+# The kernel's time grows with the square of the length, the per-call costs do not. Sliding windows,
 # soft-capping and quantized pools stay in the kernel. 0: off.
-FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "2048"))
+FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "1536"))
 _tile = os.environ.get("EMBER_DECODE_TILE")
 DECODE_TILE = dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, _tile.split(",")))) if _tile else None
 LOG2E = 1.4426950408889634
