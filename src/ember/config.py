@@ -48,6 +48,14 @@ def default_max_num_batched_tokens(device: torch.device, online: bool = False) -
     return (8192 if big else 2048) if online else (16384 if big else 8192)
 
 
+def default_max_num_seqs(device: torch.device) -> int:
+    """The most sequences in one step when none is given: 256 on a GPU (vLLM's default below 70 GiB; ember's CUDA
+    graphs cover up to 256 rows), 64 on CPU. A default also gives way to memory: the runner halves it while the
+    per-sequence caches (hybrid models' recurrent state, sliding windows) would take over a quarter of the cache
+    budget (`CacheConfig.fit_max_num_seqs`)."""
+    return 256 if device.type == "cuda" else 64
+
+
 def read_hf_config(model_dir: Path) -> dict:
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {str(model_dir)!r} does not exist")
@@ -105,6 +113,8 @@ class CacheConfig:
     # the scheduler's limits (engine-set), which bound what sliding-window layers can hold at once
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # engine-set when max_num_seqs is a default: the runner may lower it (and the state slots with it) to fit
+    fit_max_num_seqs: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

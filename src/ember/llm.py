@@ -10,7 +10,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from ember.config import CacheConfig, ModelConfig, SchedulerConfig, default_max_num_batched_tokens
+from ember.config import CacheConfig, ModelConfig, SchedulerConfig, default_max_num_batched_tokens, default_max_num_seqs
 from ember.engine.core import EngineCore
 from ember.engine.outputs import CompletionOutput, RequestOutput
 from ember.sampling_params import SamplingParams
@@ -30,7 +30,7 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 class LLM:
     def __init__(self, model: str | Path | None = None, *, dtype: str = "auto", device: str | None = None,
                  max_model_len: int | None = None, kv_cache_gb: float | None = None, block_size: int = 16,
-                 enable_prefix_caching: bool = True, max_num_seqs: int = 64,
+                 enable_prefix_caching: bool = True, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None,
                  load_format: str = "safetensors", seed: int = 0, progress: bool = True,
                  tensor_parallel_size: int = 1, async_scheduling: bool = True) -> None:
@@ -42,7 +42,10 @@ class LLM:
         if (Path(model_cfg.model) / "tokenizer.json").is_file():
             from ember.tokenizer.tokenizer import Tokenizer
             tokenizer = Tokenizer.from_dir(model_cfg.model)
-        cache_cfg = CacheConfig(block_size=block_size, kv_cache_gb=kv_cache_gb, enable_prefix_caching=enable_prefix_caching)
+        cache_cfg = CacheConfig(block_size=block_size, kv_cache_gb=kv_cache_gb,
+                                enable_prefix_caching=enable_prefix_caching, fit_max_num_seqs=max_num_seqs is None)
+        if max_num_seqs is None:  # by device: 256 on a GPU, 64 on CPU; lowered by the runner where memory is short
+            max_num_seqs = default_max_num_seqs(model_cfg.device)
         if max_num_batched_tokens is None:  # by device: 16384 on an H100/H200-class GPU, 2048 on CPU
             max_num_batched_tokens = default_max_num_batched_tokens(model_cfg.device)
         sched_cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, model_cfg.max_model_len,

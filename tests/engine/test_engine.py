@@ -164,3 +164,40 @@ def test_warm_up_leaves_pool_state_and_outputs_as_before(qwen3):
     assert any(cache[:, 0].abs().sum() > 0 for cache in runner.kv_caches if cache is not None)
     assert runner._last_token_ids is None
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    from tests.conftest import model_builder_cache
+    from tests.parity.hybrid_models import build_hybrid_model
+
+    return model_builder_cache(tmp_path_factory, build_hybrid_model)
+
+
+def test_max_num_seqs_default_by_device_and_fitted_to_memory(demo_dir, hybrid_models):
+    """By default 256 sequences on a GPU, 64 on CPU; a default gives way (halving) where a hybrid's recurrent state
+    slots would take over a quarter of the cache budget, with the state slots following; a value the user gave
+    is kept. The fitted engine still generates what an unconstrained one does."""
+    from ember.config import default_max_num_seqs
+    from ember.kv.spec import state_bytes_per_slot
+
+    assert default_max_num_seqs(torch.device("cuda", 0)) == 256
+    assert default_max_num_seqs(torch.device("cpu")) == 64
+    assert LLM(str(demo_dir), device="cpu", progress=False).engine.sched_cfg.max_num_seqs == 64
+
+    model_dir, _ = hybrid_models("qwen3_5")
+    roomy = LLM(str(model_dir), device="cpu", progress=False, max_num_seqs=4)
+    per_slot = state_bytes_per_slot(roomy.engine.runner.cache_specs, roomy.engine.runner.dtype)
+    # 32 sequences' slots (2 each, prefix caching on, + the scratch slot) just fit in a quarter; 64's do not
+    budget_gb = 1.01 * 4 * per_slot * (2 * 32 + 1) / 2**30
+    fitted = LLM(str(model_dir), device="cpu", progress=False, kv_cache_gb=budget_gb)
+    e = fitted.engine
+    assert e.sched_cfg.max_num_seqs == e.cache_cfg.max_num_seqs == 32
+    assert e.cache_cfg.num_state_slots == 64 and e.runner.state_cache.num_slots == 64
+    given = LLM(str(model_dir), device="cpu", progress=False, kv_cache_gb=budget_gb, max_num_seqs=64)
+    assert given.engine.sched_cfg.max_num_seqs == 64 and given.engine.runner.state_cache.num_slots == 128
+
+    prompts = [[3 + i, 7, 11 + i, 2] * (3 + i) for i in range(40)]  # more requests than the fitted limit
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in roomy.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in fitted.generate(prompts, params)] == expected

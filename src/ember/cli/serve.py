@@ -24,7 +24,9 @@ def add_parser(sub) -> None:
                    help="require `Authorization: Bearer KEY` (or x-api-key) on every /v1 route")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in one batch")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="most requests in one batch (default: 256 on a GPU, 64 on CPU; lowered where the per-request "
+                        "caches of hybrid or sliding-window models would take over a quarter of the cache memory)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget of one engine step (default: 8192 on a GPU of 70 GiB or more, 2048 otherwise)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable KV prefix caching")

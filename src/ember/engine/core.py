@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import gc
 import json
+import logging
 import secrets
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from ember.kv.state_pool import RecurrentStatePool
 from ember.request import Request, RequestStatus
 from ember.sampling_params import SamplingParams
 from ember.worker.model_runner import ModelRunner, ModelRunnerOutput, StepHandle
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ember.tokenizer.tokenizer import Tokenizer
@@ -66,6 +69,10 @@ class EngineCore:
             self.runner = TPExecutor(model_cfg, self.cache_cfg, tensor_parallel_size, progress)
         else:
             self.runner = ModelRunner(model_cfg, self.cache_cfg, progress)
+        if self.cache_cfg.max_num_seqs < self.sched_cfg.max_num_seqs:  # a default the runner fitted to memory
+            log.info("max_num_seqs %d -> %d: the per-request caches (recurrent state, sliding windows) of more would "
+                     "take over a quarter of the cache memory", self.sched_cfg.max_num_seqs, self.cache_cfg.max_num_seqs)
+            self.sched_cfg.max_num_seqs = self.cache_cfg.max_num_seqs
         self.generation_config = read_generation_config(model_cfg.model)
         self.eos_token_ids = sorted(set(_as_list(self.generation_config.get("eos_token_id"))
                                         + _as_list(tokenizer.eos_token_id if tokenizer else None)

@@ -27,6 +27,10 @@ from ember.worker.state_cache import StateCache, StateMetadata
 from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
+# a default max_num_seqs is halved, down to FIT_MIN_SEQS, while the caches every sequence holds whatever its length
+# (recurrent state slots, sliding-window blocks) would take more than this share of the cache budget
+FIT_FIXED_SHARE = 0.25
+FIT_MIN_SEQS = 16
 # prompt logprobs: logits rows computed at a time. A chunk may be a whole 16k-token step budget, whose float32
 # logits over a 152k vocabulary would take 10 GB at once; 1024 rows take ~0.9 GB (with the model-dtype copy)
 PROMPT_LOGPROBS_ROWS = 1024
@@ -142,6 +146,8 @@ class ModelRunner:
         self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
         self.kv_groups = kv_groups(self.cache_specs)  # full attention, then one group per sliding window
         self.layer_groups = layer_kv_groups(self.cache_specs, self.kv_groups)
+        if cache_cfg.fit_max_num_seqs and cache_cfg.num_blocks is None:
+            self._fit_max_num_seqs()
         self.num_blocks = cache_cfg.num_blocks or get_tp().min_int(self._size_pool(), self.device)
         cache_cfg.num_blocks = self.num_blocks
         # sliding groups after the first hold at most their windows' worth of blocks (kv/managers.py)
@@ -223,16 +229,31 @@ class ModelRunner:
         num_slots = self.cache_cfg.num_state_slots or 0
         return state_bytes_per_slot(self.cache_specs, self.dtype) * (num_slots + 1 if num_slots else 0)  # + scratch
 
-    def _size_pool(self) -> int:
-        per_block = max(1, self.kv_bytes_per_token * self.block_size)
+    def _cache_budget(self) -> float:
+        """Bytes for the KV pool, recurrent state and sliding windows together."""
         if self.cache_cfg.kv_cache_gb is not None:
-            budget = self.cache_cfg.kv_cache_gb * 2**30
-        elif self.device.type == "cuda":
+            return self.cache_cfg.kv_cache_gb * 2**30
+        if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             # leave room for activations and graphs of the largest step
-            budget = free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
-        else:
-            budget = CPU_DEFAULT_KV_GB * 2**30
+            return free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
+        return CPU_DEFAULT_KV_GB * 2**30
+
+    def _fit_max_num_seqs(self) -> None:
+        """Halves a default max_num_seqs (and the state slots with it, per sequence as many as before) while the
+        per-sequence caches exceed FIT_FIXED_SHARE of the budget; every rank agrees on the smallest."""
+        c = self.cache_cfg
+        slots_per_seq = (c.num_state_slots or 0) // c.max_num_seqs
+        budget = self._cache_budget()
+        while c.max_num_seqs > FIT_MIN_SEQS and self.state_bytes + self.sliding_bytes > FIT_FIXED_SHARE * budget:
+            c.max_num_seqs = max(FIT_MIN_SEQS, c.max_num_seqs // 2)
+            c.num_state_slots = slots_per_seq * c.max_num_seqs or c.num_state_slots
+        c.max_num_seqs = get_tp().min_int(c.max_num_seqs, self.device)
+        c.num_state_slots = slots_per_seq * c.max_num_seqs or c.num_state_slots
+
+    def _size_pool(self) -> int:
+        per_block = max(1, self.kv_bytes_per_token * self.block_size)
+        budget = self._cache_budget()
         fixed = self.state_bytes + self.sliding_bytes
         if fixed > budget / 2:
             raise ValueError(f"recurrent state ({self.state_bytes / 2**30:.2f} GiB for {self.cache_cfg.num_state_slots} "
