@@ -39,8 +39,6 @@ FUSE_MAX_PROGRAMS_PER_SM = int(os.environ.get("EMBER_FUSE_DECODE_PROGRAMS_PER_SM
 # a mixed step's leading one-token sequences go to the decode kernel from this many on: in the prefill kernel each
 # fills a whole BLOCK_M query tile for one row (a batch-256 run's mixed steps spent ~300 us per layer on them)
 MIXED_DECODE_MIN_SEQS = 16
-# EMBER_DECODE_TILE="BLOCK_N,num_warps,num_stages": the unsplit decode launch's tile on a GPU, for measuring
-# alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a microbenchmark
 # Prefill sequences with at least this many queries in a step go to torch's flash attention (SDPA over the
 # sequence's keys gathered from the pool, causal from the bottom right), the rest to the prefill kernel, which
 # skips them. On an H200 (benchmarks/attention.py, qwen3-8b heads, us per layer, this way vs the kernel):
@@ -49,6 +47,9 @@ MIXED_DECODE_MIN_SEQS = 16
 # The kernel's time grows with the square of the length, the per-call costs do not. Sliding windows,
 # soft-capping and quantized pools stay in the kernel. 0: off.
 FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "1536"))
+# EMBER_DECODE_TILE="BLOCK_N,num_warps,num_stages": the unsplit decode launch's tile on a GPU, for measuring
+# alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a
+# microbenchmark (five tiles made no difference: benchmarks/NOTES-gpu.md, v9)
 _tile = os.environ.get("EMBER_DECODE_TILE")
 DECODE_TILE = dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, _tile.split(",")))) if _tile else None
 LOG2E = 1.4426950408889634
