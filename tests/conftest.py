@@ -40,6 +40,15 @@ def hf_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory):
+    """The tiny hybrid configs of tests/parity/hybrid_models.py (Gated DeltaNet, sliding windows), built once per
+    session."""
+    from tests.parity.hybrid_models import build_hybrid_model
+
+    return model_builder_cache(tmp_path_factory, build_hybrid_model)
+
+
+@pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     """The tiny demo model (Qwen3 shape, with the demo tokenizer), written to a temp dir."""
     from ember.demo import make_demo_model

@@ -12,8 +12,6 @@ import torch
 from ember import LLM, SamplingParams
 from ember.engine.outputs import CompletionOutput
 from ember.request import PLACEHOLDER_TOKEN_ID
-from tests.conftest import model_builder_cache
-from tests.parity.hybrid_models import build_hybrid_model
 
 TOL = 1e-4
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, logprobs=2)
@@ -31,11 +29,6 @@ def make_llm(model_dir, is_async: bool, **kwargs) -> LLM:
 @pytest.fixture(scope="module")
 def qwen3(hf_models):
     return hf_models("qwen3")[0]
-
-
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    return model_builder_cache(tmp_path_factory, build_hybrid_model)
 
 
 class Spy:

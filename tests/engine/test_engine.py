@@ -166,14 +166,6 @@ def test_warm_up_leaves_pool_state_and_outputs_as_before(qwen3):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
 
 
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    from tests.conftest import model_builder_cache
-    from tests.parity.hybrid_models import build_hybrid_model
-
-    return model_builder_cache(tmp_path_factory, build_hybrid_model)
-
-
 def test_max_num_seqs_default_by_device_and_fitted_to_memory(demo_dir, hybrid_models):
     """By default 256 sequences on a GPU, 64 on CPU; a default gives way (halving) where a hybrid's recurrent state
     slots would take over a quarter of the cache budget, with the state slots following; a value the user gave

@@ -37,14 +37,6 @@ def _generate(model_dir, warm_up: bool = False) -> tuple[list, list]:
              for o in scored])
 
 
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    from tests.conftest import model_builder_cache
-    from tests.parity.hybrid_models import build_hybrid_model
-
-    return model_builder_cache(tmp_path_factory, build_hybrid_model)
-
-
 # qwen3: q/k norm, GQA; gemma4: sliding and full KV groups with their own block tables, softcap; qwen3_5: Gated
 # DeltaNet layers (state slots) between gated full-attention layers
 @pytest.mark.parametrize("name", ["qwen3", "gemma4", "qwen3_5"])

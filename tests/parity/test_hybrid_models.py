@@ -8,16 +8,10 @@ import torch
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.kv.state_pool import StateStep
-from tests.conftest import model_builder_cache
-from tests.parity.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, build_multimodal_model
+from tests.parity.hybrid_models import HYBRID_CONFIGS, build_multimodal_model
 
 NUM_GREEDY = 64
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    return model_builder_cache(tmp_path_factory, build_hybrid_model)
 
 
 @pytest.fixture(params=sorted(HYBRID_CONFIGS))

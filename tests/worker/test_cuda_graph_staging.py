@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams, ops
-from tests.conftest import model_builder_cache
-from tests.parity.hybrid_models import build_hybrid_model
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
@@ -19,11 +17,6 @@ if not torch.cuda.is_available():
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
 PROMPT_LENS = (29, 45, 14)
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    return model_builder_cache(tmp_path_factory, build_hybrid_model)
 
 
 def make_llm(model_dir, **kwargs) -> LLM:
