@@ -73,7 +73,7 @@ def _sdpa(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
     return torch.matmul(scores.softmax(-1).to(v.dtype), v)
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     # cache [num_blocks, bs, Hkv, D], block_ids [..., nb] -> [..., nb*bs, Hkv, D]
     # index_select on flat ids is several times faster than advanced indexing on CPU
     g = cache.index_select(0, block_ids.reshape(-1))
@@ -112,8 +112,8 @@ def _prefill_one(q, kv_cache, block_ids, seq_len, scale, window, softcap) -> tor
     # q: [M, Hq, D] are the last M of seq_len tokens
     m, hq, d = q.shape
     hkv = kv_cache.shape[3]
-    k = _gather(kv_cache[0], block_ids)[:seq_len].to(q.dtype)  # [L, Hkv, D]
-    v = _gather(kv_cache[1], block_ids)[:seq_len].to(q.dtype)
+    k = gather_blocks(kv_cache[0], block_ids)[:seq_len].to(q.dtype)  # [L, Hkv, D]
+    v = gather_blocks(kv_cache[1], block_ids)[:seq_len].to(q.dtype)
     q_pos = torch.arange(seq_len - m, seq_len, device=q.device)[:, None]
     k_pos = torch.arange(seq_len, device=q.device)[None, :]
     mask = k_pos <= q_pos

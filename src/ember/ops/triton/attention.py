@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 
+from ember.ops.attention import gather_blocks
 from ember.ops.triton import pdl
 from ember.ops.triton.pdl import release_dependents, wait_prior
 from ember.ops.triton.qkv import _norm_rope, prepare_qkv
@@ -402,7 +403,7 @@ def _flash_prefill(q, kv_cache, meta: AttentionMetadata, out, seq: int, scale: f
     qsl = meta.query_start_loc_cpu
     s, e, seq_len = qsl[seq], qsl[seq + 1], meta.seq_lens_cpu[seq]
     blocks = meta.block_tables[seq, : -(-seq_len // kv_cache.shape[2])]
-    k, v = (kv_cache[i].index_select(0, blocks).flatten(0, 1)[:seq_len].transpose(0, 1)[None] for i in (0, 1))
+    k, v = (gather_blocks(kv_cache[i], blocks)[:seq_len].transpose(0, 1)[None] for i in (0, 1))
     mask = causal_lower_right(e - s, seq_len) if e - s != seq_len else None
     o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=mask is None,
                                        scale=scale, enable_gqa=True)
