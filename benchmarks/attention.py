@@ -15,7 +15,7 @@ prefill path on fresh prompts (SEQSxLEN; the kernel alone, and the engine's path
 FLASH_PREFILL_MIN_QUERY tokens or more to SDPA) against SDPA's causal flash attention on the same padded batch (and
 torch's varlen flash attention on the packed prompts where torch has it);
 --mixed-cases a chunked-prefill step (DECODESxPROMPTS) whose decodes go to the decode kernel against the whole step
-in the prefill kernel.
+in the prefill kernel; --interleaved-cases the decode kernel between gate/up GEMMs in one graph, as in a step.
 
     python benchmarks/attention.py [--sweep] [--out benchmarks/results/NAME]
 """
@@ -241,6 +241,27 @@ def mixed_case(heads: tuple[int, int, int], decodes: int, prompts: int, ctx: int
                 rel_err=((out.float() - ref.float()).norm() / ref.float().norm()).item())
 
 
+def interleaved_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: int = 36) -> dict:
+    """The decode kernel between the GEMMs of a step, as in a real run: a graph of `layers` x (the gate/up
+    projection of qwen3-8b at `batch` rows, attention over a distinct pool) against the same graph without the
+    attention and the attention alone. Attention's share of the mixed graph, against its time alone, shows what
+    running among compute-bound GEMMs (lower clocks under the power limit) costs it."""
+    case = Case(heads, batch, ctx, "NHD")
+    n_gu, k = 24576, 4096
+    ws = [torch.randn(n_gu, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(8)]  # 1.6 GB: from HBM
+    x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+
+    def gemm(i):
+        return lambda: F.linear(x, ws[i % len(ws)])
+
+    alone = graph_us([case.launch(i, None) for i in range(layers)], replays=10)
+    gemms = graph_us([gemm(i) for i in range(layers)], replays=10)
+    both = graph_us([c for i in range(layers) for c in (gemm(i), case.launch(i, None))], replays=10) * 2
+    return dict(kind="interleaved", batch=batch, ctx=ctx, attention_alone_us=alone, gemm_us=gemms,
+                attention_among_gemms_us=both - gemms, kv_tb_s_alone=case.kv_bytes / alone / 1e6,
+                kv_tb_s_among_gemms=case.kv_bytes / (both - gemms) / 1e6)
+
+
 def sweep_configs(batch: int):
     if batch <= 16:  # latency-bound: how many splits
         for bn, s, splits in itertools.product((32, 64), (2, 3), (4, 8, 16)):
@@ -263,6 +284,7 @@ def main() -> None:
     ap.add_argument("--layouts", default="NHD,HND")
     ap.add_argument("--prefill-cases", default="64x128,8x1024,1x8192", help="SEQSxLEN fresh prompts, comma-separated")
     ap.add_argument("--mixed-cases", default="64x63,192x64", help="DECODESxPROMPTS mixed steps, comma-separated")
+    ap.add_argument("--interleaved-cases", default="", help="BATCHxCONTEXT decode attention between gate/up GEMMs")
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -309,6 +331,13 @@ def main() -> None:
         rows.append(row)
         tqdm.write(f"mixed step, {decodes} decodes + {prompts} prompts: {row['us']:8.1f} us with the decode kernel, "
                    f"{row['prefill_kernel_only_us']:8.1f} us all in the prefill kernel; err {row['rel_err']:.1e}")
+    for spec in args.interleaved_cases.split(",") if args.interleaved_cases else []:
+        batch, ctx = (int(x) for x in spec.split("x"))
+        row = interleaved_case(HEADS[args.heads], batch, ctx)
+        rows.append(row)
+        tqdm.write(f"{batch}x{ctx} decode attention alone {row['attention_alone_us']:.1f} us "
+                   f"({row['kv_tb_s_alone']:.2f} TB/s), among gate/up GEMMs {row['attention_among_gemms_us']:.1f} us "
+                   f"({row['kv_tb_s_among_gemms']:.2f} TB/s); the GEMM {row['gemm_us']:.1f} us")
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bandwidth=bandwidth,
                                                            rows=rows), indent=1))

@@ -132,7 +132,7 @@ class StepTimer:
             self.graphs.run = self._graph_run
 
 
-def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
+def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int, gc_heaps: bool = False) -> dict:
     from ember import SamplingParams
 
     params = SamplingParams(max_tokens=OUTPUT_LEN, temperature=0, ignore_eos=True)
@@ -143,7 +143,9 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int) -> dict:
 
     def on_gc(phase, info, t=[0.0]):
         if phase == "start":
-            if info["generation"] == 2:  # counted before the clock starts: the stall measured is the collection's
+            # what a full collection walks, listed before its clock starts; the listing stalls the host too (it cost a
+            # v9/v10 run 13.6 ms of device idle), hence opt-in
+            if gc_heaps and info["generation"] == 2:
                 objs = gc.get_objects(2)
                 gen2_heaps.append(dict(objects=len(objs), frozen=gc.get_freeze_count(),
                                        top=Counter(type(o).__name__ for o in objs).most_common(8)))
@@ -331,7 +333,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
             r = dict(shape=shape, engine="ember", batch=batch, prompt_len=prompt_len, output_len=OUTPUT_LEN,
                      max_num_batched_tokens=llm.engine.sched_cfg.max_num_batched_tokens)
             try:
-                r.update(bench_ember_decode(llm, batch, prompt_len, vocab))
+                r.update(bench_ember_decode(llm, batch, prompt_len, vocab, args.gc_heaps))
             except Exception as e:  # keep measuring the rest; the error is reported in the table
                 r["error"] = repr(e)
             kv_bytes = batch * (prompt_len + OUTPUT_LEN / 2) * kv_per_token
@@ -414,6 +416,8 @@ def main() -> None:
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
     ap.add_argument("--profile-run", action="store_true", help="log per-kernel times over one real run at the largest batch")
+    ap.add_argument("--gc-heaps", action="store_true", help="list the objects each full garbage collection walks "
+                    "(stalls the host while it lists them)")
     ap.add_argument("--out", default=None, help="path prefix: writes PREFIX.txt and PREFIX.json")
     args = ap.parse_args()
     log_path = Path(args.out + ".log") if args.out else None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import array
 import gc
 import itertools
 from pathlib import Path
@@ -25,6 +26,17 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     """The i-th of n samples: its own seed (seed + i when seeded), n=1."""
     seed = None if params.seed is None else params.seed + index
     return params.replace(n=1, seed=seed)
+
+
+def _describe(prompt) -> str:
+    """What a rejected prompt is: its type, or a list's first element that is no integer token id."""
+    if isinstance(prompt, (list, tuple)):
+        for i, t in enumerate(prompt):
+            try:
+                array.array("q", [t])
+            except (TypeError, OverflowError):
+                return f"a {type(prompt).__name__} whose element {i} is {t!r}"
+    return type(prompt).__name__
 
 
 class LLM:
@@ -71,9 +83,12 @@ class LLM:
     def _encode(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.get_tokenizer().encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise TypeError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if isinstance(prompt, (list, tuple)):
+            try:  # every id an integer (numpy's too), checked in C: a per-token isinstance cost ~4 ms per 32k ids
+                return None, array.array("q", prompt).tolist()
+            except (TypeError, OverflowError):
+                pass
+        raise TypeError(f"a prompt must be a string or a list of token ids, got {_describe(prompt)}")
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:

@@ -1,6 +1,7 @@
 """End-to-end engine behaviour on real (tiny) models: caching paths equal cold runs, stops, n, logprobs."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,7 +91,12 @@ def test_bad_requests_raise_and_leave_nothing_queued(demo_dir):
         llm.generate([[]], SamplingParams())
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[10**7]], SamplingParams())
+    with pytest.raises(TypeError, match="element 1 is 2.5"):
+        llm.generate([[10, 11], [10, 2.5]], SamplingParams())
     assert not llm.engine.has_unfinished()
+    # numpy integers are token ids too, and come back as Python ints
+    (out,) = llm.generate([list(np.arange(10, 13))], SamplingParams(max_tokens=2, temperature=0))
+    assert out.prompt_token_ids == [10, 11, 12] and all(type(t) is int for t in out.prompt_token_ids)
 
 
 def test_generate_freezes_the_gc_heap_only_while_it_runs(demo_dir):

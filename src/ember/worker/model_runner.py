@@ -6,6 +6,8 @@ is the one host sync. The runner keeps the last launched step's sampled ids on t
 placeholder token (async scheduling: that sample is not on the host yet) takes it from there."""
 from __future__ import annotations
 
+import array
+
 import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
@@ -116,11 +118,36 @@ def _to_device(obj, device: torch.device):
     return obj
 
 
+def _slots(block_ids: list[int], start: int, n: int, block_size: int) -> list[int]:
+    """Pool slots of positions start..start+n-1: a range per block rather than a lookup per token (a 16k-token
+    prefill step's slots were ~3 ms of host time before its launch)."""
+    if n == 1:
+        return [block_ids[start // block_size] * block_size + start % block_size]
+    out: list[int] = []
+    end = start + n
+    while start < end:
+        base = block_ids[start // block_size] * block_size
+        stop = min(end, (start // block_size + 1) * block_size)
+        out += range(base + start % block_size, base + (stop - 1) % block_size + 1)
+        start = stop
+    return out
+
+
 def _device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync)."""
+    """A host list on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync). A flat list
+    of ints goes through array.array, ~4x faster than torch.tensor's per-element conversion (a 16k-token prefill
+    step has three such lists)."""
+    code = _ARRAY_CODES.get(dtype)
+    if code is not None and values and not isinstance(values[0], (list, tuple)):
+        host = torch.frombuffer(array.array(code, values), dtype=dtype)
+    else:
+        host = torch.tensor(values, dtype=dtype)
     if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+_ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
 
 
 def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
@@ -289,7 +316,7 @@ class ModelRunner:
             n, start = len(seq.token_ids), seq.start_pos
             input_ids += seq.token_ids
             positions += range(start, start + n)
-            slots += [seq.block_ids[p // bs] * bs + p % bs for p in range(start, start + n)]
+            slots += _slots(seq.block_ids, start, n, bs)
             starts.append(starts[-1] + n)
             seq_lens.append(start + n)
             if seq.do_sample:
@@ -318,8 +345,7 @@ class ModelRunner:
         """The step's metadata with KV group `group`'s slots and block tables."""
         bs, slots = self.block_size, []
         for seq in out.seqs:
-            ids = seq.group_block_ids[group - 1]
-            slots += [ids[p // bs] * bs + p % bs for p in range(seq.start_pos, seq.start_pos + len(seq.token_ids))]
+            slots += _slots(seq.group_block_ids[group - 1], seq.start_pos, len(seq.token_ids), bs)
         width = max(-(-s // bs) for s in meta.seq_lens_cpu)
         tables = [(ids := seq.group_block_ids[group - 1][:width]) + [0] * (width - len(ids)) for seq in out.seqs]
         return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
