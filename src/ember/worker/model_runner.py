@@ -7,7 +7,7 @@ placeholder token (async scheduling: that sample is not on the host yet) takes i
 from __future__ import annotations
 
 import array
-
+import gc
 import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
@@ -116,6 +116,10 @@ def _to_device(obj, device: torch.device):
     if is_dataclass(obj):
         return replace(obj, **{f.name: _to_device(getattr(obj, f.name), device) for f in fields(obj)})
     return obj
+
+
+# device memory kept out of the cache budget for activations and the graphs of the largest step
+CUDA_ACTIVATION_RESERVE = 2 * 2**30
 
 
 def _slots(block_ids: list[int], start: int, n: int, block_size: int) -> list[int]:
@@ -261,10 +265,15 @@ class ModelRunner:
         if self.cache_cfg.kv_cache_gb is not None:
             return self.cache_cfg.kv_cache_gb * 2**30
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            # leave room for activations and graphs of the largest step
-            return free * self.cache_cfg.gpu_memory_utilization - 2 * 2**30
+            return self._gpu_available() * self.cache_cfg.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE
         return CPU_DEFAULT_KV_GB * 2**30
+
+    def _gpu_available(self) -> float:
+        """Free device memory, counting what torch's caching allocator holds without using it: an engine dropped
+        earlier in the process leaves its pool there, and the driver reports it as in use."""
+        gc.collect()  # a dropped engine in a reference cycle frees its tensors now
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
 
     def _fit_max_num_seqs(self) -> None:
         """Halves a default max_num_seqs (and the state slots with it, per sequence as many as before) while the
@@ -282,6 +291,13 @@ class ModelRunner:
         per_block = max(1, self.kv_bytes_per_token * self.block_size)
         budget = self._cache_budget()
         fixed = self.state_bytes + self.sliding_bytes
+        if self.cache_cfg.kv_cache_gb is None and self.device.type == "cuda" and budget - fixed < 64 * per_block:
+            free, total = (x / 2**30 for x in (self._gpu_available(), torch.cuda.get_device_properties(self.device).total_memory))
+            raise ValueError(
+                f"no room for a KV cache on {self.device}: {free:.2f} of its {total:.2f} GiB are free after loading the "
+                f"model, of which gpu_memory_utilization={self.cache_cfg.gpu_memory_utilization} less "
+                f"{CUDA_ACTIVATION_RESERVE / 2**30:.0f} GiB for activations leaves {budget / 2**30:.2f} GiB. Another "
+                "engine (in this process or another) may hold the memory; close it, or set kv_cache_gb")
         if fixed > budget / 2:
             raise ValueError(f"recurrent state ({self.state_bytes / 2**30:.2f} GiB for {self.cache_cfg.num_state_slots} "
                              f"slots) and sliding windows ({self.sliding_bytes / 2**30:.2f} GiB) need over half of the "
