@@ -269,11 +269,13 @@ class ModelRunner:
         return CPU_DEFAULT_KV_GB * 2**30
 
     def _gpu_available(self) -> float:
-        """Free device memory, counting what torch's caching allocator holds without using it: an engine dropped
-        earlier in the process leaves its pool there, and the driver reports it as in use."""
+        """Free device memory, after handing back what torch's caching allocator holds unused: an engine dropped
+        earlier in the process leaves its pool there, and the driver reports it as in use. (Counting the cache's
+        unused bytes as free instead overcounts: some sit in segments that live tensors share.)"""
         gc.collect()  # a dropped engine in a reference cycle frees its tensors now
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
-        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free
 
     def _fit_max_num_seqs(self) -> None:
         """Halves a default max_num_seqs (and the state slots with it, per sequence as many as before) while the
