@@ -116,7 +116,7 @@ def test_generate_freezes_the_gc_heap_only_while_it_runs(demo_dir):
 
     llm.engine.step = spy
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-    assert gc.get_freeze_count() == 0
+    gc.unfreeze()  # from a known state: on the H200 image something had frozen 375 objects by now
     llm.generate([[5, 6, 7]], params)
     assert walks and max(walks) < 5000
     assert gc.get_freeze_count() == 0
