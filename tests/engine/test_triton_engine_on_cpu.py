@@ -15,8 +15,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
 
 from ember import LLM, SamplingParams, ops  # noqa: E402
+from tests.ops.kernel_checks import TRITON_MIN_VERSION  # noqa: E402
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, tests/gpu runs the compiled kernels")
 
 PROMPT_LENS = (5, 9, 30, 3, 17, 12)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.ops.kernel_checks import DEVICE, DTYPES, assert_close
+from tests.ops.kernel_checks import DEVICE, DTYPES, TRITON_MIN_VERSION, assert_close
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
 
 from ember.ops import gated_delta as ref  # noqa: E402
 from ember.ops import triton as tri  # noqa: E402

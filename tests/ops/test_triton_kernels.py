@@ -9,9 +9,9 @@ from dataclasses import fields, replace
 import pytest
 import torch
 
-from tests.ops.kernel_checks import DEVICE, DTYPES, assert_close
+from tests.ops.kernel_checks import DEVICE, DTYPES, TRITON_MIN_VERSION, assert_close
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
 
 from ember.ops import activation as ref_act  # noqa: E402
 from ember.ops import attention as ref_attn  # noqa: E402

@@ -31,7 +31,8 @@ def gpu(monkeypatch):
         mem.reserved = mem.allocated
 
     monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=mem.total))
+    props = SimpleNamespace(total_memory=mem.total)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     return mem
 
 

@@ -87,7 +87,9 @@ def test_static_buffer_decode_equals_eager(name, hybrid_models):
 def test_static_buffer_decode_with_triton_op(hybrid_models, monkeypatch):
     """The Triton decode-step kernel (interpreted on CPU) in place of the reference, in a shorter batch whose
     decodes still cross block boundaries (snapshots at 32 and 16)."""
-    pytest.importorskip("triton")
+    from tests.ops.kernel_checks import TRITON_MIN_VERSION
+
+    pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
 
     model_dir, _ = hybrid_models("qwen3_5")

@@ -294,10 +294,11 @@ class ModelRunner:
         budget = self._cache_budget()
         fixed = self.state_bytes + self.sliding_bytes
         if self.cache_cfg.kv_cache_gb is None and self.device.type == "cuda" and budget - fixed < 64 * per_block:
-            free, total = (x / 2**30 for x in (self._gpu_available(), torch.cuda.get_device_properties(self.device).total_memory))
+            free = self._gpu_available() / 2**30
+            total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
             raise ValueError(
-                f"no room for a KV cache on {self.device}: {free:.2f} of its {total:.2f} GiB are free after loading the "
-                f"model, of which gpu_memory_utilization={self.cache_cfg.gpu_memory_utilization} less "
+                f"no room for a KV cache on {self.device}: {free:.2f} of its {total:.2f} GiB are free after loading "
+                f"the model, of which gpu_memory_utilization={self.cache_cfg.gpu_memory_utilization} less "
                 f"{CUDA_ACTIVATION_RESERVE / 2**30:.0f} GiB for activations leaves {budget / 2**30:.2f} GiB. Another "
                 "engine (in this process or another) may hold the memory; close it, or set kv_cache_gb")
         if fixed > budget / 2:
