@@ -40,17 +40,18 @@ def test_memory_the_caching_allocator_holds_unused_counts_as_free(gpu):
     """An engine dropped earlier in the process leaves its pool in torch's cache; the driver counts it as used
     until the cache hands it back."""
     runner = Runner()
-    alone = runner._size_pool()
+    alone = runner._size_pool(runner._cache_budget())
     assert alone == int((10 * GiB * 0.9 - CUDA_ACTIVATION_RESERVE) // (4096 * 16))
     gpu.free, gpu.reserved, gpu.allocated = 2 * GiB, 9 * GiB, 1 * GiB  # 8 GiB cached, unused
-    assert runner._size_pool() == alone
+    assert runner._size_pool(runner._cache_budget()) == alone
 
 
 def test_no_room_for_a_cache_names_the_memory(gpu):
     gpu.free, gpu.reserved, gpu.allocated = 2 * GiB, 1 * GiB, 1 * GiB
     with pytest.raises(ValueError, match=r"no room for a KV cache on cuda:0: 2.00 of its 141.00 GiB are free.*"
                                          r"gpu_memory_utilization=0.9.*kv_cache_gb"):
-        Runner()._size_pool()
+        runner = Runner()
+        runner._size_pool(runner._cache_budget())
     runner = Runner()
     runner.cache_cfg.kv_cache_gb = 1.0  # an explicit size is taken as given
-    assert runner._size_pool() == GiB // (4096 * 16)
+    assert runner._size_pool(runner._cache_budget()) == GiB // (4096 * 16)

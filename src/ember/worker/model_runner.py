@@ -177,10 +177,12 @@ class ModelRunner:
         self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
         self.kv_groups = kv_groups(self.cache_specs)  # full attention, then one group per sliding window
         self.layer_groups = layer_kv_groups(self.cache_specs, self.kv_groups)
-        if cache_cfg.fit_max_num_seqs and cache_cfg.num_blocks is None:
-            self._fit_max_num_seqs()
-        self.num_blocks = cache_cfg.num_blocks or get_tp().min_int(self._size_pool(), self.device)
-        cache_cfg.num_blocks = self.num_blocks
+        if cache_cfg.num_blocks is None:  # measured once: on a GPU each measurement collects and empties the cache
+            budget = self._cache_budget()
+            if cache_cfg.fit_max_num_seqs:
+                self._fit_max_num_seqs(budget)
+            cache_cfg.num_blocks = get_tp().min_int(self._size_pool(budget), self.device)
+        self.num_blocks = cache_cfg.num_blocks
         # sliding groups after the first hold at most their windows' worth of blocks (kv/managers.py)
         self.group_num_blocks = [self.num_blocks] + [min(self.num_blocks, self._sliding_blocks(g.window))
                                                      for g in self.kv_groups[1:]]
@@ -277,24 +279,24 @@ class ModelRunner:
         free, _ = torch.cuda.mem_get_info(self.device)
         return free
 
-    def _fit_max_num_seqs(self) -> None:
+    def _fit_max_num_seqs(self, budget: float) -> None:
         """Halves a default max_num_seqs (and the state slots with it, per sequence as many as before) while the
         per-sequence caches exceed FIT_FIXED_SHARE of the budget; every rank agrees on the smallest."""
         c = self.cache_cfg
         slots_per_seq = (c.num_state_slots or 0) // c.max_num_seqs
-        budget = self._cache_budget()
         while c.max_num_seqs > FIT_MIN_SEQS and self.state_bytes + self.sliding_bytes > FIT_FIXED_SHARE * budget:
             c.max_num_seqs = max(FIT_MIN_SEQS, c.max_num_seqs // 2)
             c.num_state_slots = slots_per_seq * c.max_num_seqs or c.num_state_slots
         c.max_num_seqs = get_tp().min_int(c.max_num_seqs, self.device)
         c.num_state_slots = slots_per_seq * c.max_num_seqs or c.num_state_slots
 
-    def _size_pool(self) -> int:
+    def _size_pool(self, budget: float) -> int:
+        """Blocks of the KV pool within `budget` (_cache_budget) once the per-sequence caches are taken."""
         per_block = max(1, self.kv_bytes_per_token * self.block_size)
-        budget = self._cache_budget()
         fixed = self.state_bytes + self.sliding_bytes
         if self.cache_cfg.kv_cache_gb is None and self.device.type == "cuda" and budget - fixed < 64 * per_block:
-            free = self._gpu_available() / 2**30
+            # the free memory the budget was taken from
+            free = (budget + CUDA_ACTIVATION_RESERVE) / self.cache_cfg.gpu_memory_utilization / 2**30
             total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
             raise ValueError(
                 f"no room for a KV cache on {self.device}: {free:.2f} of its {total:.2f} GiB are free after loading "
