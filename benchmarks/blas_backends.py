@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemv import graph_us  # noqa: E402
+from gemv import graph_us, weight_copies  # noqa: E402
+from gpu_decode import matmul_tflops  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}  # qwen3-8b: N, K
@@ -31,15 +32,12 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    peak = 2 * 8192**3 / graph_us([lambda: a @ a] * 8, replays=10) * 1e-6
-    del a
+    peak = matmul_tflops()
     print(f"{torch.cuda.get_device_name()}: bf16 matmul {peak:.0f} TFLOP/s (8192^3)")
     rows = []
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        copies = max(2, -(-768 * 2**20 // (n * k * 2)))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        ws = weight_copies(n, k, 768 * 2**20)
         for m in tqdm([int(r) for r in args.rows.split(",")], desc=name, leave=False):
             if name == "lm_head" and m > 256:  # the LM head sees the sampled rows only
                 continue
@@ -48,7 +46,7 @@ def main() -> None:
             outs = {}
             for backend in BACKENDS:
                 torch.backends.cuda.preferred_blas_library(backend)
-                calls = [(lambda w=w: F.linear(x, w)) for w in ws] * max(1, 8 // copies)
+                calls = [(lambda w=w: F.linear(x, w)) for w in ws] * max(1, 8 // len(ws))
                 row[backend + "_us"] = graph_us(calls, replays=10)
                 outs[backend] = F.linear(x, ws[0]).float()
             torch.backends.cuda.preferred_blas_library("cublas")

@@ -35,6 +35,14 @@ SHAPES = {  # name: (N, K, prologue)
 }
 
 
+def weight_copies(n: int, k: int, min_bytes: int, min_copies: int = 2, max_copies: int | None = None) -> list:
+    """Distinct bf16 [n, k] weights (scaled by k**-0.5) spanning at least min_bytes: a graph cycling over them reads
+    each from HBM, not L2."""
+    copies = max(min_copies, -(-min_bytes // (n * k * 2)))
+    copies = min(copies, max_copies) if max_copies else copies
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
+
+
 def graph_us(calls, replays: int = 20) -> float:
     """Median device microseconds per call of one replay of a graph launching `calls` in order."""
     stream = torch.cuda.Stream()
@@ -89,8 +97,7 @@ def main() -> None:
     for name in tqdm(args.shapes.split(","), desc="shapes"):
         n, k, prologue = SHAPES[name]
         nbytes = n * k * 2
-        copies = max(4, min(64, -(-512 * 2**20 // nbytes)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+        weights = weight_copies(n, k, 512 * 2**20, min_copies=4, max_copies=64)
         x = torch.randn(1, 2 * k if prologue == "silu" else k, device="cuda", dtype=torch.bfloat16)
         res, nw = torch.randn(1, k, device="cuda", dtype=torch.bfloat16), torch.ones(k, device="cuda", dtype=torch.bfloat16)
         norm = (res, nw, 1e-6, False) if prologue == "norm" else None

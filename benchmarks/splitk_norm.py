@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemv import graph_us  # noqa: E402
+from gemv import graph_us, weight_copies  # noqa: E402
 
 from ember.ops.triton.gemm import split_k_parts  # noqa: E402
 from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts  # noqa: E402
@@ -39,8 +39,7 @@ def main() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
     for name, (n, k) in SHAPES.items():
-        copies = max(2, -(-512 * 2**20 // (n * k * 2)))
-        ws = [torch.randn(n, k, device=dev, dtype=dt) * k**-0.5 for _ in range(copies)]
+        ws = weight_copies(n, k, 512 * 2**20)
         nw = torch.randn(n, device=dev, dtype=dt)
         for m in (int(b) for b in args.batches.split(",")):
             x = torch.randn(m, k, device=dev, dtype=dt)

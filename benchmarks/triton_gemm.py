@@ -29,7 +29,7 @@ import triton.language as tl
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemv import fastest, graph_us  # noqa: E402
+from gemv import fastest, graph_us, weight_copies  # noqa: E402
 
 from ember.ops.triton import pdl  # noqa: E402
 from ember.ops.triton.activation import silu_and_mul  # noqa: E402
@@ -139,7 +139,7 @@ def main() -> None:
     rows = []
     for name in args.shapes.split(","):
         n, k, gated = SHAPES[name]
-        ws = [torch.randn(n, k, device=dev, dtype=dt) * k**-0.5 for _ in range(max(2, -(-768 * 2**20 // (n * k * 2))))]
+        ws = weight_copies(n, k, 768 * 2**20)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, device=dev, dtype=dt)
 
