@@ -58,7 +58,7 @@ class LLM:
                                 enable_prefix_caching=enable_prefix_caching, fit_max_num_seqs=max_num_seqs is None)
         if max_num_seqs is None:  # by device: 256 on a GPU, 64 on CPU; lowered by the runner where memory is short
             max_num_seqs = default_max_num_seqs(model_cfg.device)
-        if max_num_batched_tokens is None:  # by device: 16384 on an H100/H200-class GPU, 2048 on CPU
+        if max_num_batched_tokens is None:  # by device: 32768 on an H100/H200-class GPU, 2048 on CPU
             max_num_batched_tokens = default_max_num_batched_tokens(model_cfg.device)
         sched_cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, model_cfg.max_model_len,
                                     async_scheduling=async_scheduling)

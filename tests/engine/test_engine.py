@@ -143,7 +143,7 @@ def test_token_budget_defaults_by_device(demo_dir, monkeypatch):
     assert LLM(str(demo_dir), device="cpu", progress=False,
                max_num_batched_tokens=96).engine.sched_cfg.max_num_batched_tokens == 96
     gib = 2**30
-    for total, offline, online in ((141 * gib, 16384, 8192), (80 * gib, 16384, 8192), (24 * gib, 8192, 2048)):
+    for total, offline, online in ((141 * gib, 32768, 8192), (80 * gib, 32768, 8192), (24 * gib, 8192, 2048)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, t=total: SimpleNamespace(total_memory=t))
         assert default_max_num_batched_tokens(torch.device("cuda", 0)) == offline
         assert default_max_num_batched_tokens(torch.device("cuda", 0), online=True) == online

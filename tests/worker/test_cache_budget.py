@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ember.config import CacheConfig
-from ember.worker.model_runner import CUDA_ACTIVATION_RESERVE, ModelRunner
+from ember.worker.model_runner import CUDA_ACTIVATION_RESERVE, ModelRunner, activation_reserve
 
 GiB = 2**30
 
@@ -15,9 +15,11 @@ class Runner(ModelRunner):
     state_bytes = 0
     sliding_bytes = 0
 
-    def __init__(self) -> None:  # only what sizing the pool reads
-        self.cache_cfg = CacheConfig()
-        self.device = torch.device("cuda", 0)
+    def __init__(self, hf_config: dict | None = None, max_num_batched_tokens: int = 2048) -> None:
+        # only what sizing the pool reads
+        self.cache_cfg = CacheConfig(max_num_batched_tokens=max_num_batched_tokens)
+        self.model_cfg = SimpleNamespace(hf_config=hf_config or {})
+        self.device, self.dtype = torch.device("cuda", 0), torch.bfloat16
         self.block_size = 16
 
 
@@ -55,3 +57,34 @@ def test_no_room_for_a_cache_names_the_memory(gpu):
     runner = Runner()
     runner.cache_cfg.kv_cache_gb = 1.0  # an explicit size is taken as given
     assert runner._size_pool(runner._cache_budget()) == GiB // (4096 * 16)
+
+
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128)
+
+
+def test_activation_reserve_grows_with_the_token_budget():
+    # per token: residual, normed input and two more hidden-sized rows, gate/up + activation, qkv rows (bf16)
+    per_token = (4 * 4096 + 3 * 12288 + 48 * 128) * 2
+    assert activation_reserve(QWEN3_8B, 8192, 2) == CUDA_ACTIVATION_RESERVE  # below the floor
+    assert activation_reserve(QWEN3_8B, 32768, 2) == int(1.5 * per_token * 32768)
+    moe = dict(QWEN3_8B, intermediate_size=0, moe_intermediate_size=1536, num_experts_per_tok=8)
+    assert activation_reserve(moe, 32768, 2) == activation_reserve(QWEN3_8B, 32768, 2)
+
+
+def test_a_bigger_token_budget_leaves_a_smaller_pool(gpu):
+    gpu.free = 100 * GiB
+    small, big = Runner(QWEN3_8B, 8192), Runner(QWEN3_8B, 32768)
+    per_block = 4096 * 16
+    assert small._size_pool(small._cache_budget()) == int((100 * GiB * 0.9 - CUDA_ACTIVATION_RESERVE) // per_block)
+    reserve = activation_reserve(QWEN3_8B, 32768, 2)
+    assert reserve > 5 * GiB
+    assert big._size_pool(big._cache_budget()) == int((100 * GiB * 0.9 - reserve) // per_block)
+
+
+def test_no_room_names_the_token_budget(gpu):
+    gpu.free = 6 * GiB  # 5.4 GiB of 0.9 x 6 GiB: no room for 64 blocks
+    with pytest.raises(ValueError, match=r"5.44 GiB for the activations of a 32768-token step.*"
+                                         r"lower max_num_batched_tokens"):
+        runner = Runner(QWEN3_8B, 32768)
+        runner._size_pool(runner._cache_budget())

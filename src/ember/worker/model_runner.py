@@ -118,8 +118,22 @@ def _to_device(obj, device: torch.device):
     return obj
 
 
-# device memory kept out of the cache budget for activations and the graphs of the largest step
+# device memory kept out of the cache budget for activations and the graphs, at least (activation_reserve)
 CUDA_ACTIVATION_RESERVE = 2 * 2**30
+
+
+def activation_reserve(hf: dict, num_tokens: int, dtype_bytes: int) -> int:
+    """Device memory to keep out of the cache budget for a step of num_tokens: per token, the widest layer's live
+    tensors (residual stream, normed input, fused gate/up output and its activation, qkv rows) with a 1.5x margin
+    for the allocator's slack; never less than CUDA_ACTIVATION_RESERVE (graphs, small steps). qwen3-8b: 2 GiB up
+    to ~12k tokens, 5.4 GiB at a 32k-token budget."""
+    hidden, heads = hf.get("hidden_size", 0), hf.get("num_attention_heads", 0)
+    kv_heads = hf.get("num_key_value_heads") or heads
+    head_dim = hf.get("head_dim") or (hidden // heads if heads else 0)
+    moe = (hf.get("moe_intermediate_size") or 0) * (hf.get("num_experts_per_tok") or 1)
+    inter = max(hf.get("intermediate_size") or 0, moe)
+    per_token = (4 * hidden + 3 * inter + (heads + 2 * kv_heads) * head_dim) * dtype_bytes
+    return max(CUDA_ACTIVATION_RESERVE, int(1.5 * per_token * num_tokens))
 
 
 def _slots(block_ids: list[int], start: int, n: int, block_size: int) -> list[int]:
@@ -267,8 +281,12 @@ class ModelRunner:
         if self.cache_cfg.kv_cache_gb is not None:
             return self.cache_cfg.kv_cache_gb * 2**30
         if self.device.type == "cuda":
-            return self._gpu_available() * self.cache_cfg.gpu_memory_utilization - CUDA_ACTIVATION_RESERVE
+            return self._gpu_available() * self.cache_cfg.gpu_memory_utilization - self.activation_reserve
         return CPU_DEFAULT_KV_GB * 2**30
+
+    @property
+    def activation_reserve(self) -> int:
+        return activation_reserve(self.model_cfg.hf_config, self.cache_cfg.max_num_batched_tokens, self.dtype.itemsize)
 
     def _gpu_available(self) -> float:
         """Free device memory, after handing back what torch's caching allocator holds unused: an engine dropped
@@ -296,13 +314,15 @@ class ModelRunner:
         fixed = self.state_bytes + self.sliding_bytes
         if self.cache_cfg.kv_cache_gb is None and self.device.type == "cuda" and budget - fixed < 64 * per_block:
             # the free memory the budget was taken from
-            free = (budget + CUDA_ACTIVATION_RESERVE) / self.cache_cfg.gpu_memory_utilization / 2**30
+            reserve = self.activation_reserve
+            free = (budget + reserve) / self.cache_cfg.gpu_memory_utilization / 2**30
             total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
             raise ValueError(
                 f"no room for a KV cache on {self.device}: {free:.2f} of its {total:.2f} GiB are free after loading "
                 f"the model, of which gpu_memory_utilization={self.cache_cfg.gpu_memory_utilization} less "
-                f"{CUDA_ACTIVATION_RESERVE / 2**30:.0f} GiB for activations leaves {budget / 2**30:.2f} GiB. Another "
-                "engine (in this process or another) may hold the memory; close it, or set kv_cache_gb")
+                f"{reserve / 2**30:.2f} GiB for the activations of a {self.cache_cfg.max_num_batched_tokens}-token "
+                f"step leaves {budget / 2**30:.2f} GiB. Another engine (in this process or another) may hold the "
+                "memory; close it, lower max_num_batched_tokens, or set kv_cache_gb")
         if fixed > budget / 2:
             raise ValueError(f"recurrent state ({self.state_bytes / 2**30:.2f} GiB for {self.cache_cfg.num_state_slots} "
                              f"slots) and sliding windows ({self.sliding_bytes / 2**30:.2f} GiB) need over half of the "

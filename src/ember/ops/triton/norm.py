@@ -5,12 +5,17 @@ the input dtype where torch rounds them, so the kernel and the reference agree t
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
 from ember.ops.triton.pdl import release_dependents, wait_prior
+
+# EMBER_NORM_WARPS: the launch's warps per row on a GPU, for measuring (benchmarks/small_kernels.py)
+WARPS_OVERRIDE = int(os.environ.get("EMBER_NORM_WARPS", "0"))
 
 
 @triton.jit
@@ -46,7 +51,8 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            unit_offset: bool, parts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            unit_offset: bool, parts: torch.Tensor | None = None, num_warps: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype)."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n) if parts is None else parts
@@ -54,7 +60,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     res2 = residual.reshape(-1, n) if residual is not None else out
     res_out = torch.empty_like(out) if residual is not None else out
     block = triton.next_power_of_2(n)
-    num_warps = 4 if block <= 2048 else 8
+    num_warps = num_warps or WARPS_OVERRIDE or (4 if block <= 2048 else 8)
     _rms_norm_kernel[(out.shape[0],)](
         x2, res2, weight, out, res_out, n, eps, x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0),
         x2.stride(0) if parts is not None else 0,
@@ -83,7 +89,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def add_rms_norm_parts(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                       unit_offset: bool = False, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm of x = the sum of split-K partial products parts [P, rows, n] (float32), rounded to the
     residual's dtype first, as a GEMM's split-K reduce rounds it: the reduce kernel and this norm in one pass."""
-    return _launch(residual, residual, weight, eps, unit_offset, parts=parts)
+    return _launch(residual, residual, weight, eps, unit_offset, parts=parts, num_warps=num_warps)

@@ -1,0 +1,99 @@
+"""The small kernels between a decode step's cuBLAS GEMMs, timed where they run: SiLU-and-mul after the gate/up
+GEMM and the split-K add + RMSNorm after the down projection's partial products (qwen3-8b shapes, decode rows).
+
+Each cost is the difference between a CUDA graph of (GEMM, kernel) pairs and one of the GEMMs alone, over
+distinct weight copies (from HBM, as benchmarks/gemv.py), so it includes the kernel's launch gap and the L2 state
+the GEMM leaves. A sweep over launch configurations per kernel; `--best-env FILE` writes the fastest as the
+environment variables the engine reads (EMBER_SILU_TILE, EMBER_NORM_WARPS), for an end-to-end A/B.
+
+    python benchmarks/small_kernels.py [--rows 128,256] [--out benchmarks/results/NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemv import graph_us, weight_copies  # noqa: E402
+
+from ember.ops.triton.activation import silu_and_mul, silu_config  # noqa: E402
+from ember.ops.triton.gemm import split_k_parts  # noqa: E402
+from ember.ops.triton.norm import add_rms_norm_parts  # noqa: E402
+
+GATE_UP, DOWN = (24576, 4096), (4096, 12288)  # qwen3-8b: N, K
+SILU_TILES = [dict(BLOCK=b, ROWS=r, num_warps=w) for b, r, w in itertools.product((512, 1024, 2048, 4096),
+                                                                                  (1, 2, 4), (4, 8))
+              if b * r <= 8192]
+NORM_WARPS = (2, 4, 8, 16, 32)
+
+
+def silu_sweep(m: int, ws: list) -> list[dict]:
+    x = torch.randn(m, GATE_UP[1], device="cuda", dtype=torch.bfloat16)
+    gemm_us = graph_us([lambda w=w: F.linear(x, w) for w in ws])
+    ref = silu_and_mul(F.linear(x, ws[0]), silu_config(GATE_UP[0] // 2, m))
+    rows = []
+    for cfg in SILU_TILES:
+        assert torch.equal(silu_and_mul(F.linear(x, ws[0]), cfg), ref), cfg
+        us = graph_us([lambda w=w: silu_and_mul(F.linear(x, w), cfg) for w in ws]) - gemm_us
+        rows.append(dict(kernel="silu_and_mul", m=m, config=cfg, us=us))
+    return rows
+
+
+def norm_sweep(m: int, ws: list) -> list[dict]:
+    x = torch.randn(m, DOWN[1], device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(m, DOWN[0], device="cuda", dtype=torch.bfloat16)
+    nw = torch.randn(DOWN[0], device="cuda", dtype=torch.bfloat16)
+    gemm_us = graph_us([lambda w=w: split_k_parts(x, w, 2) for w in ws])
+    ref = add_rms_norm_parts(split_k_parts(x, ws[0], 2), res, nw, 1e-6)
+    rows = []
+    for warps in NORM_WARPS:
+        out = add_rms_norm_parts(split_k_parts(x, ws[0], 2), res, nw, 1e-6, num_warps=warps)
+        assert torch.equal(out[1], ref[1]) and torch.allclose(out[0], ref[0], rtol=1e-2, atol=1e-2), warps
+        us = graph_us([lambda w=w: add_rms_norm_parts(split_k_parts(x, w, 2), res, nw, 1e-6, num_warps=warps)
+                       for w in ws]) - gemm_us
+        rows.append(dict(kernel="add_rms_norm_parts", m=m, config=dict(num_warps=warps), us=us))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="128,256")
+    ap.add_argument("--best-env", default=None, help="write the fastest configs at the largest rows as env vars")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    ms = [int(r) for r in args.rows.split(",")]
+    results = []
+    for shape, sweep in ((GATE_UP, silu_sweep), (DOWN, norm_sweep)):
+        ws = weight_copies(*shape, 512 * 2**20)
+        for m in ms:
+            rows = sweep(m, ws)
+            results += rows
+            rows.sort(key=lambda r: r["us"])
+            print(f"{rows[0]['kernel']} M={m}: " + "; ".join(f"{r['config']} {r['us']:.2f} us" for r in rows[:4])
+                  + f" ... worst {rows[-1]['us']:.2f}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    for m in ms:
+        default = silu_config(GATE_UP[0] // 2, m)
+        base = [r for r in results if r["m"] == m and r["kernel"] == "silu_and_mul" and r["config"] == default]
+        print(f"M={m}: default silu tile {default} {base[0]['us']:.2f} us")
+    if args.best_env:
+        top = max(ms)
+        silu = min((r for r in results if r["m"] == top and r["kernel"] == "silu_and_mul"), key=lambda r: r["us"])
+        norm = min((r for r in results if r["m"] == top and r["kernel"] != "silu_and_mul"), key=lambda r: r["us"])
+        c = silu["config"]
+        Path(args.best_env).write_text(f"export EMBER_SILU_TILE={c['BLOCK']},{c['ROWS']},{c['num_warps']}\n"
+                                       f"export EMBER_NORM_WARPS={norm['config']['num_warps']}\n")
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=results),
+                                                       indent=1))
+
+
+if __name__ == "__main__":
+    main()
