@@ -102,17 +102,16 @@ class LLM:
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
         # validate everything before any request is queued, so a bad prompt leaves nothing half-added
         encoded = [self._encode(p) for p in prompts]
-        for (_, ids), p in zip(encoded, param_list):
-            self.engine.validate(ids, p)
+        max_tokens = [self.engine.validate(ids, p) for (_, ids), p in zip(encoded, param_list)]
         results, children = [], {}
-        for (text, ids), p in zip(encoded, param_list):
+        for (text, ids), p, limit in zip(encoded, param_list, max_tokens):
             out = RequestOutput(str(next(self._ids)), text, ids, [CompletionOutput(i) for i in range(p.n)])
             results.append(out)
             for i in range(p.n):
                 child_id = f"{out.request_id}-{i}"
                 # n=1: the request's own params (nothing downstream mutates them; a deep copy per request cost
                 # ~10 ms before the first step of a 256-prompt batch)
-                self.engine.add_request(child_id, ids, p if p.n == 1 else child_params(p, i))
+                self.engine.add_validated(child_id, ids, p if p.n == 1 else child_params(p, i), limit)
                 children[child_id] = (out, i)
         self._run(children, use_tqdm)
         return results
