@@ -84,6 +84,8 @@ def test_static_buffer_decode_equals_eager(name, hybrid_models):
     assert_same_states(staged, eager)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interprets the kernel on CPU tensors; with CUDA, tests/gpu "
+                    "runs the compiled kernel in the graphed engine")
 def test_static_buffer_decode_with_triton_op(hybrid_models, monkeypatch):
     """The Triton decode-step kernel (interpreted on CPU) in place of the reference, in a shorter batch whose
     decodes still cross block boundaries (snapshots at 32 and 16)."""
