@@ -16,7 +16,8 @@ VERSIONS = [  # label, results file (JSON written by gpu_decode.py)
     ("v5b", "2026-12-03-h200-gpu_decode-v5b.json"), ("v6", "2026-12-03-h200-gpu_decode-v6.json"),
     ("v7", "2026-12-03-h200-gpu_decode-v7.json"), ("v8\n206 ms GC", "2026-12-03-h200-gpu_decode-v8.json"),
     ("v9", ("2026-12-03-h200-gpu_decode-v9.json", "2026-12-03-h200-gpu_decode-v9-b1.json")),
-    ("v10", "2026-12-03-h200-gpu_decode-v10.json"),
+    ("v10", "2026-12-03-h200-gpu_decode-v10.json"), ("v11", "2026-12-03-h200-gpu_decode-v11.json"),
+    ("v12", "2026-12-03-h200-gpu_decode-v12.json"),
 ]
 TARGETS = [  # title, shape, batch, metric, threshold
     ("qwen3-8b, batch 1: decode tok/s", "qwen3-8b", 1, "decode_tok_s", 215),
