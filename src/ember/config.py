@@ -118,6 +118,9 @@ class CacheConfig:
     max_num_batched_tokens: int = 2048
     # engine-set when max_num_seqs is a default: the runner may lower it (and the state slots with it) to fit
     fit_max_num_seqs: bool = False
+    # set when max_num_batched_tokens is a default: the runner may lower it while a step's activations would crowd
+    # out the cache (ModelRunner._fit_max_num_batched_tokens)
+    fit_max_num_batched_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):

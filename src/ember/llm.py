@@ -55,10 +55,12 @@ class LLM:
             from ember.tokenizer.tokenizer import Tokenizer
             tokenizer = Tokenizer.from_dir(model_cfg.model)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_gb=kv_cache_gb,
-                                enable_prefix_caching=enable_prefix_caching, fit_max_num_seqs=max_num_seqs is None)
+                                enable_prefix_caching=enable_prefix_caching, fit_max_num_seqs=max_num_seqs is None,
+                                fit_max_num_batched_tokens=max_num_batched_tokens is None)
         if max_num_seqs is None:  # by device: 256 on a GPU, 64 on CPU; lowered by the runner where memory is short
             max_num_seqs = default_max_num_seqs(model_cfg.device)
-        if max_num_batched_tokens is None:  # by device: 32768 on an H100/H200-class GPU, 2048 on CPU
+        if max_num_batched_tokens is None:  # by device: 32768 on an H100/H200-class GPU, 2048 on CPU; lowered by
+            # the runner where a step's activations would crowd out the KV cache
             max_num_batched_tokens = default_max_num_batched_tokens(model_cfg.device)
         sched_cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, model_cfg.max_model_len,
                                     async_scheduling=async_scheduling)

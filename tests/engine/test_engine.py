@@ -149,6 +149,31 @@ def test_token_budget_defaults_by_device(demo_dir, monkeypatch):
         assert default_max_num_batched_tokens(torch.device("cuda", 0), online=True) == online
 
 
+def test_a_token_budget_the_runner_fitted_reaches_the_scheduler(qwen3, monkeypatch):
+    """Where the runner lowers a default token budget (its activations would crowd out the cache on a GPU;
+    ModelRunner._fit_max_num_batched_tokens, tested in tests/worker/test_cache_budget.py), the scheduler plans
+    with the lowered one; a budget the user gave is never handed to the fit."""
+    from ember.worker.model_runner import ModelRunner
+
+    def fit(self, budget):
+        self.cache_cfg.max_num_batched_tokens = 24
+        return budget
+
+    monkeypatch.setattr(ModelRunner, "_fit_max_num_batched_tokens", fit)
+    prompts = [list(range(3, 40)), [11] * 30]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    fitted = LLM(str(qwen3), device="cpu", progress=False)
+    assert fitted.engine.sched_cfg.max_num_batched_tokens == fitted.engine.cache_cfg.max_num_batched_tokens == 24
+    step_tokens = []
+    launch = fitted.engine.runner.launch
+    fitted.engine.runner.launch = lambda out: step_tokens.append(sum(len(s.token_ids) for s in out.seqs)) or launch(out)
+    got = [o.outputs[0].token_ids for o in fitted.generate(prompts, params)]
+    assert max(step_tokens) == 24 and len(step_tokens) > 4  # the 67 prompt tokens took 24-token chunks
+    given = LLM(str(qwen3), device="cpu", progress=False, max_num_batched_tokens=96)
+    assert given.engine.sched_cfg.max_num_batched_tokens == 96
+    assert [o.outputs[0].token_ids for o in given.generate(prompts, params)] == got
+
+
 def test_warm_up_leaves_pool_state_and_outputs_as_before(qwen3):
     """The start-up warm-up (run by itself on CUDA) writes KV only into the scratch block 0 and keeps no sampled
     ids: what follows generates as in a fresh engine."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ember.config import CacheConfig
-from ember.worker.model_runner import CUDA_ACTIVATION_RESERVE, ModelRunner, activation_reserve
+from ember.worker.model_runner import CUDA_ACTIVATION_RESERVE, FIT_MIN_TOKENS, ModelRunner, activation_reserve
 
 GiB = 2**30
 
@@ -88,3 +88,36 @@ def test_no_room_names_the_token_budget(gpu):
                                          r"lower max_num_batched_tokens"):
         runner = Runner(QWEN3_8B, 32768)
         runner._size_pool(runner._cache_budget())
+
+
+QWEN_32B = dict(hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
+                head_dim=128)
+
+
+def fitted(gpu, hf: dict, free_gib: float, tokens: int = 32768, fit: bool = True) -> tuple[int, int]:
+    gpu.free = free_gib * GiB
+    runner = Runner(hf, tokens)
+    runner.cache_cfg.fit_max_num_batched_tokens = fit
+    budget = runner._cache_budget()
+    if fit:
+        budget = runner._fit_max_num_batched_tokens(budget)
+    return runner.cache_cfg.max_num_batched_tokens, runner._size_pool(budget)
+
+
+def test_a_default_token_budget_gives_way_to_the_cache(gpu):
+    # qwen3-8b on an H200 (~125 GiB free after its weights): 5.4 GiB of activations is under an eighth; kept
+    tokens, blocks = fitted(gpu, QWEN3_8B, 125)
+    assert tokens == 32768
+    assert blocks == int((125 * GiB * 0.9 - activation_reserve(QWEN3_8B, 32768, 2)) // (4096 * 16))
+    # a 32B model on an 80 GiB GPU (~14 GiB free): 32768 tokens would reserve 9.8 of its 12.6 GiB, 16384 4.9;
+    # halved down to 8192 (2.5 GiB), the floor: an offline budget is not cut below a server's
+    tokens, blocks = fitted(gpu, QWEN_32B, 14)
+    assert tokens == FIT_MIN_TOKENS == 8192
+    assert blocks == int((14 * GiB * 0.9 - activation_reserve(QWEN_32B, 8192, 2)) // (4096 * 16))
+    # a small model whose reserve sits at its 2 GiB floor: halving would free nothing, so nothing is halved
+    tiny = dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128)
+    assert fitted(gpu, tiny, 8)[0] == 32768
+    # a budget the user gave is taken as given
+    tokens, blocks = fitted(gpu, QWEN_32B, 14, fit=False)
+    assert tokens == 32768
+    assert blocks == int((14 * GiB * 0.9 - activation_reserve(QWEN_32B, 32768, 2)) // (4096 * 16))

@@ -73,6 +73,11 @@ class EngineCore:
             log.info("max_num_seqs %d -> %d: the per-request caches (recurrent state, sliding windows) of more would "
                      "take over a quarter of the cache memory", self.sched_cfg.max_num_seqs, self.cache_cfg.max_num_seqs)
             self.sched_cfg.max_num_seqs = self.cache_cfg.max_num_seqs
+        if self.cache_cfg.max_num_batched_tokens < self.sched_cfg.max_num_batched_tokens:  # a default, fitted
+            log.info("max_num_batched_tokens %d -> %d: the activations of a larger step would take over an eighth of "
+                     "the memory the KV cache and they share", self.sched_cfg.max_num_batched_tokens,
+                     self.cache_cfg.max_num_batched_tokens)
+            self.sched_cfg.max_num_batched_tokens = self.cache_cfg.max_num_batched_tokens
         self.generation_config = read_generation_config(model_cfg.model)
         self.eos_token_ids = sorted(set(_as_list(self.generation_config.get("eos_token_id"))
                                         + _as_list(tokenizer.eos_token_id if tokenizer else None)

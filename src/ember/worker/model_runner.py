@@ -33,6 +33,11 @@ CPU_DEFAULT_KV_GB = 1.0
 # (recurrent state slots, sliding-window blocks) would take more than this share of the cache budget
 FIT_FIXED_SHARE = 0.25
 FIT_MIN_SEQS = 16
+# a default token budget is halved, down to FIT_MIN_TOKENS (a server's default on a big GPU, and an offline one on
+# smaller GPUs), while the activations of a step that size would take more than this share of the memory the cache
+# and they divide (a 32B model on an 80 GiB GPU: 32768 -> 8192)
+FIT_RESERVE_SHARE = 0.125
+FIT_MIN_TOKENS = 8192
 # prompt logprobs: logits rows computed at a time. A chunk may be a whole 16k-token step budget, whose float32
 # logits over a 152k vocabulary would take 10 GB at once; 1024 rows take ~0.9 GB (with the model-dtype copy)
 PROMPT_LOGPROBS_ROWS = 1024
@@ -193,6 +198,8 @@ class ModelRunner:
         self.layer_groups = layer_kv_groups(self.cache_specs, self.kv_groups)
         if cache_cfg.num_blocks is None:  # measured once: on a GPU each measurement collects and empties the cache
             budget = self._cache_budget()
+            if cache_cfg.fit_max_num_batched_tokens:
+                budget = self._fit_max_num_batched_tokens(budget)
             if cache_cfg.fit_max_num_seqs:
                 self._fit_max_num_seqs(budget)
             cache_cfg.num_blocks = get_tp().min_int(self._size_pool(budget), self.device)
@@ -296,6 +303,23 @@ class ModelRunner:
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(self.device)
         return free
+
+    def _fit_max_num_batched_tokens(self, budget: float) -> float:
+        """Halves a default token budget while its activation reserve takes over FIT_RESERVE_SHARE of the memory
+        the reserve and the cache divide, as long as halving shrinks the reserve; returns the cache budget left
+        beside the reserve of the budget kept. Every rank agrees on the smallest."""
+        c = self.cache_cfg
+        if self.device.type != "cuda" or c.kv_cache_gb is not None:
+            return budget
+        shared = budget + self.activation_reserve
+        while c.max_num_batched_tokens > FIT_MIN_TOKENS and self.activation_reserve > FIT_RESERVE_SHARE * shared:
+            tokens, reserve = c.max_num_batched_tokens, self.activation_reserve
+            c.max_num_batched_tokens = max(FIT_MIN_TOKENS, tokens // 2)
+            if self.activation_reserve == reserve:  # at the reserve's floor: a smaller budget frees nothing
+                c.max_num_batched_tokens = tokens
+                break
+        c.max_num_batched_tokens = get_tp().min_int(c.max_num_batched_tokens, self.device)
+        return shared - self.activation_reserve
 
     def _fit_max_num_seqs(self, budget: float) -> None:
         """Halves a default max_num_seqs (and the state slots with it, per sequence as many as before) while the
