@@ -1,10 +1,14 @@
 """Helpers for the server tests: reading SSE streams and Prometheus text."""
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 
 import httpx
+
+WORDS = "river bridge town bread water salt fog morning children mill church".split()
 
 
 def sse_events(response: httpx.Response) -> list[dict]:
@@ -12,6 +16,31 @@ def sse_events(response: httpx.Response) -> list[dict]:
     payloads = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
     return [json.loads(p) for p in payloads[:-1]]
+
+
+def random_jobs(seed: int, n: int = 16) -> list[tuple[str, int]]:
+    """n (prompt, max_tokens) pairs: prompts of 3-40 words, 3-30 tokens each."""
+    rng = random.Random(seed)
+    return [(" ".join(rng.choices(WORDS, k=rng.randint(3, 40))), rng.randint(3, 30)) for _ in range(n)]
+
+
+def concurrent_stream_texts(url: str, jobs: list[tuple[str, int]]) -> list[str]:
+    """Streams every (prompt, max_tokens) greedy /v1/completions request at once; the text of each."""
+
+    async def one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> str:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = [line async for line in r.aiter_lines()]
+        payloads = [line[6:] for line in lines if line.startswith("data: ")]
+        assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
+        return "".join(c["choices"][0]["text"] for c in map(json.loads, payloads[:-1]) if c["choices"])
+
+    async def main() -> list[str]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await asyncio.gather(*(one(client, p, m) for p, m in jobs))
+
+    return asyncio.run(main())
 
 
 def stream_text(client: httpx.Client, path: str, body: dict) -> tuple[dict[int, str], list[dict]]:

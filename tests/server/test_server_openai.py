@@ -1,16 +1,14 @@
 """/v1/chat/completions and /v1/completions against a real engine: equal to the offline LLM API, streamed or not."""
 from __future__ import annotations
 
-import asyncio
 import random
 
-import httpx
 import pytest
 
 from ember import SamplingParams
 
 from .conftest import MODEL_NAME
-from .helpers import sse_events, stream_text
+from .helpers import concurrent_stream_texts, random_jobs, stream_text
 
 CHAT = [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "Where is the bridge?"}]
 
@@ -155,34 +153,10 @@ def test_completion_logprobs_with_echo(client, reference):
 
 
 def test_concurrent_streams_equal_solo(served, reference):
-    rng = random.Random(0)
-    words = "river bridge town bread water salt fog morning children mill church".split()
-    jobs = [(" ".join(rng.choices(words, k=rng.randint(3, 40))), rng.randint(3, 30)) for _ in range(16)]
-
-    async def one(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> str:
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            lines = [line async for line in r.aiter_lines()]
-        events = sse_events(_Lines(lines))
-        return "".join(c["choices"][0]["text"] for c in events if c["choices"])
-
-    async def main() -> list[str]:
-        async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
-            return await asyncio.gather(*(one(client, p, m) for p, m in jobs))
-
-    results = asyncio.run(main())
-    for (prompt, max_tokens), text in zip(jobs, results):
+    jobs = random_jobs(0)
+    for (prompt, max_tokens), text in zip(jobs, concurrent_stream_texts(served.url, jobs)):
         assert text == reference.generate(prompt, greedy(max_tokens))[0].outputs[0].text
 
-
-class _Lines:
-    """Adapts already-read lines to sse_events."""
-
-    def __init__(self, lines: list[str]) -> None:
-        self.lines = lines
-
-    def iter_lines(self):
-        return iter(self.lines)
 
 
 def test_prefix_cache_hit(client, reference):
