@@ -16,13 +16,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemv import graph_us, weight_copies  # noqa: E402
+from blas_backends import SHAPES, projection_cases  # noqa: E402
+from gemv import graph_us  # noqa: E402
 from gpu_decode import matmul_tflops  # noqa: E402
 
 from cublaslt import CublasLt, Problem  # noqa: E402
-
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
-          "lm_head": (151936, 4096)}  # qwen3-8b: N, K
 
 
 def search(lt: CublasLt, name: str, n: int, k: int, m: int, ws: list, count: int) -> dict:
@@ -66,15 +64,8 @@ def main() -> None:
     lt = CublasLt()
     print(f"{torch.cuda.get_device_name()}: bf16 matmul {peak:.0f} TFLOP/s (8192^3); cuBLASLt {lt.version}")
     rows = []
-    for name in args.shapes.split(","):
-        n, k = SHAPES[name]
-        ws = weight_copies(n, k, 768 * 2**20)
-        for m in tqdm([int(r) for r in args.rows.split(",")], desc=name, leave=False):
-            if name == "lm_head" and m > 256:  # the LM head sees the sampled rows only
-                continue
-            rows.append(search(lt, name, n, k, m, ws, args.count))
-        del ws
-        torch.cuda.empty_cache()
+    for name, n, k, m, ws in projection_cases(args.shapes, args.rows):
+        rows.append(search(lt, name, n, k, m, ws, args.count))
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), peak_tflops=peak,
                                                            torch=torch.__version__, cublaslt=lt.version,
