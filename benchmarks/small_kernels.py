@@ -1,5 +1,6 @@
 """The small kernels between a decode step's cuBLAS GEMMs, timed where they run: SiLU-and-mul after the gate/up
-GEMM and the split-K add + RMSNorm after the down projection's partial products (qwen3-8b shapes, decode rows).
+GEMM, the split-K add + RMSNorm after the down projection's partial products and the greedy argmax after the LM
+head (qwen3-8b shapes, decode rows).
 
 Each cost is the difference between a CUDA graph of (GEMM, kernel) pairs and one of the GEMMs alone, over
 distinct weight copies (from HBM, as benchmarks/gemv.py), so it includes the kernel's launch gap and the L2 state
@@ -25,12 +26,16 @@ from gemv import graph_us, weight_copies  # noqa: E402
 from ember.ops.triton.activation import silu_and_mul, silu_config  # noqa: E402
 from ember.ops.triton.gemm import split_k_parts  # noqa: E402
 from ember.ops.triton.norm import add_rms_norm_parts  # noqa: E402
+from ember.ops.triton.reduce import ARGMAX_CONFIG, row_argmax  # noqa: E402
 
 GATE_UP, DOWN = (24576, 4096), (4096, 12288)  # qwen3-8b: N, K
 SILU_TILES = [dict(BLOCK=b, ROWS=r, num_warps=w) for b, r, w in itertools.product((512, 1024, 2048, 4096),
                                                                                   (1, 2, 4), (4, 8))
               if b * r <= 8192]
 NORM_WARPS = (2, 4, 8, 16, 32)
+LM_HEAD = (151936, 4096)
+ARGMAX_CONFIGS = [dict(BLOCK=b, num_warps=w, PROGRAMS_PER_SM=p)
+                  for b, w, p in itertools.product((1024, 2048, 4096, 8192), (4, 8), (4, 8, 16, 32))]
 
 
 def silu_sweep(m: int, ws: list) -> list[dict]:
@@ -61,6 +66,22 @@ def norm_sweep(m: int, ws: list) -> list[dict]:
     return rows
 
 
+def argmax_sweep(m: int, ws: list) -> list[dict]:
+    """The argmax over [m, vocab] bf16 logits just written by the LM head (L2 holds their tail, as in a step)."""
+    x = torch.randn(m, LM_HEAD[1], device="cuda", dtype=torch.bfloat16)
+    logits = torch.empty(m, LM_HEAD[0], device="cuda", dtype=torch.bfloat16)
+    gemm_us = graph_us([lambda w=w: torch.matmul(x, w.t(), out=logits) for w in ws])
+    torch.matmul(x, ws[0].t(), out=logits)
+    ref = logits.argmax(-1)
+    rows = []
+    for cfg in ARGMAX_CONFIGS:
+        torch.matmul(x, ws[0].t(), out=logits)  # the graphs below leave the last weight's logits
+        assert torch.equal(row_argmax(logits, cfg), ref), cfg
+        us = graph_us([lambda w=w: (torch.matmul(x, w.t(), out=logits), row_argmax(logits, cfg)) for w in ws]) - gemm_us
+        rows.append(dict(kernel="row_argmax", m=m, config=cfg, us=us))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="128,256")
@@ -69,7 +90,7 @@ def main() -> None:
     args = ap.parse_args()
     ms = [int(r) for r in args.rows.split(",")]
     results = []
-    for shape, sweep in ((GATE_UP, silu_sweep), (DOWN, norm_sweep)):
+    for shape, sweep in ((GATE_UP, silu_sweep), (DOWN, norm_sweep), (LM_HEAD, argmax_sweep)):
         ws = weight_copies(*shape, 512 * 2**20)
         for m in ms:
             rows = sweep(m, ws)
@@ -83,13 +104,17 @@ def main() -> None:
         default = silu_config(GATE_UP[0] // 2, m)
         base = [r for r in results if r["m"] == m and r["kernel"] == "silu_and_mul" and r["config"] == default]
         print(f"M={m}: default silu tile {default} {base[0]['us']:.2f} us")
+        base = [r for r in results if r["m"] == m and r["kernel"] == "row_argmax" and r["config"] == ARGMAX_CONFIG]
+        print(f"M={m}: default argmax {ARGMAX_CONFIG} {base[0]['us']:.2f} us")
     if args.best_env:
         top = max(ms)
         silu = min((r for r in results if r["m"] == top and r["kernel"] == "silu_and_mul"), key=lambda r: r["us"])
-        norm = min((r for r in results if r["m"] == top and r["kernel"] != "silu_and_mul"), key=lambda r: r["us"])
+        norm = min((r for r in results if r["m"] == top and r["kernel"] == "add_rms_norm_parts"), key=lambda r: r["us"])
         c = silu["config"]
+        a = min((r for r in results if r["m"] == top and r["kernel"] == "row_argmax"), key=lambda r: r["us"])["config"]
         Path(args.best_env).write_text(f"export EMBER_SILU_TILE={c['BLOCK']},{c['ROWS']},{c['num_warps']}\n"
-                                       f"export EMBER_NORM_WARPS={norm['config']['num_warps']}\n")
+                                       f"export EMBER_NORM_WARPS={norm['config']['num_warps']}\n"
+                                       f"export EMBER_ARGMAX_CONFIG={a['BLOCK']},{a['num_warps']},{a['PROGRAMS_PER_SM']}\n")
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=results),
                                                        indent=1))

@@ -7,6 +7,8 @@ returns the first NaN; the two differ only when an inf comes before it).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -15,7 +17,13 @@ from ember.ops.triton import pdl
 from ember.ops.triton.attention import _num_sms
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
-BLOCK = 2048  # columns per program per iteration: 4 KB of bf16 in flight
+# BLOCK: columns per program per iteration; PROGRAMS_PER_SM: the chunk programs over the whole batch per SM. Timed
+# after the LM head GEMM on an H200 (benchmarks/small_kernels.py, 256 x 151,936): 2048 columns, 8 warps and 4
+# programs per SM (3 chunks per row) took 32.4 us, the earlier 4 warps and 16 per SM 58.0 us; all of the ten fastest
+# of 32 had 8 warps and 4-8 per SM. EMBER_ARGMAX_CONFIG="BLOCK,num_warps,PROGRAMS_PER_SM" replaces it, for measuring.
+ARGMAX_CONFIG = dict(BLOCK=2048, num_warps=8, PROGRAMS_PER_SM=4)
+if _cfg := os.environ.get("EMBER_ARGMAX_CONFIG"):
+    ARGMAX_CONFIG = dict(zip(("BLOCK", "num_warps", "PROGRAMS_PER_SM"), map(int, _cfg.split(","))))
 # fewer rows keep torch.argmax: one launch against two, and the 64 us measured was at batch 256
 MIN_ROWS = 16
 MAX_CHUNKS = 64  # chunks per row; the second kernel reads a fixed 64, so one variant serves every row count
@@ -67,21 +75,25 @@ def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, CHUNKS_PAD: tl.co
     tl.store(out_ptr + row, best.to(tl.int64))
 
 
-def row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """[R, N] -> [R] int64, as ember.ops.reduce.row_argmax."""
+def row_argmax(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """[R, N] -> [R] int64, as ember.ops.reduce.row_argmax. config (benchmarks): BLOCK, num_warps and
+    PROGRAMS_PER_SM, the chunk programs the grid aims at per SM over the whole batch."""
     if x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] < MIN_ROWS:
         return x.argmax(dim=-1)
+    cfg = dict(ARGMAX_CONFIG, **(config or {}))
     rows, n = x.shape
-    # ~16 programs per SM over the whole batch (a streaming read wants many bytes in flight), each chunk a multiple
-    # of BLOCK columns: 256 x 151,936 gives 9 chunks per row, 2,304 programs
-    num_chunks = max(1, min(MAX_CHUNKS, triton.cdiv(16 * _num_sms(x.device), rows), triton.cdiv(n, BLOCK)))
-    chunk = triton.cdiv(triton.cdiv(n, num_chunks), BLOCK) * BLOCK
+    block = cfg["BLOCK"]
+    # chunks of a multiple of BLOCK columns, enough of them over the batch to give each SM PROGRAMS_PER_SM
+    # (256 x 151,936 at 4 per SM: 3 chunks per row, 768 programs)
+    num_chunks = max(1, min(MAX_CHUNKS, triton.cdiv(cfg["PROGRAMS_PER_SM"] * _num_sms(x.device), rows),
+                            triton.cdiv(n, block)))
+    chunk = triton.cdiv(triton.cdiv(n, num_chunks), block) * block
     num_chunks = triton.cdiv(n, chunk)
     vals = torch.empty(rows, num_chunks, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, num_chunks, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
-    _argmax_chunk_kernel[(rows, num_chunks)](x, vals, idx, n, chunk, num_chunks, x.stride(0), BLOCK=BLOCK,
-                                             num_warps=4, **pdl.launch_args(x.device))
+    _argmax_chunk_kernel[(rows, num_chunks)](x, vals, idx, n, chunk, num_chunks, x.stride(0), BLOCK=block,
+                                             num_warps=cfg["num_warps"], **pdl.launch_args(x.device))
     _argmax_rows_kernel[(rows,)](vals, idx, out, num_chunks, CHUNKS_PAD=MAX_CHUNKS,
                                  num_warps=1, **pdl.launch_args(x.device))
     return out
