@@ -267,8 +267,13 @@ def sweep_configs(batch: int):
         for bn, s, splits in itertools.product((32, 64), (2, 3), (4, 8, 16)):
             yield dict(num_splits=splits, BLOCK_N=bn, num_warps=4, num_stages=s, HEADS_FIRST=True)
         return
-    for bn, w, s, splits, heads_first in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (1, 2), (False, True)):
-        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=heads_first)
+    if batch >= 128:  # one program per (sequence, kv head) covers the GPU; the heads of a sequence side by side
+        # (the 2026-12-03 sweep's winners). Down to one warp: no cross-warp softmax reductions per key tile
+        for bn, w, s in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (2, 3, 4)):
+            yield dict(num_splits=1, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=True)
+        return
+    for bn, w, s, splits in itertools.product((16, 32, 64, 128), (1, 2, 4, 8), (2, 3, 4), (1, 2)):
+        yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=True)
 
 
 PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st) for bm, bn, w, st in (
@@ -304,8 +309,16 @@ def main() -> None:
             row["sdpa_us"] = case.sdpa_us()
             row["fused_us"], row["unfused_us"] = case.layer_us(True), case.layer_us(False)
         if args.sweep:
-            best = fastest((row["us"], default), sweep_configs(batch), case.time_us)
-            row.update(best_us=best[0], best=best[1])
+            timed = []
+
+            def time_us(cfg, case=case, timed=timed):
+                timed.append(dict(config=cfg, us=case.time_us(cfg)))
+                return timed[-1]["us"]
+
+            best = fastest((row["us"], default), sweep_configs(batch), time_us)
+            row.update(best_us=best[0], best=best[1], sweep=timed)
+            for t in sorted(timed, key=lambda t: t["us"])[:6]:
+                tqdm.write(f"  {t['us']:7.1f} us {t['config']}")
         rows.append(row)
         tb = case.kv_bytes / row["us"] / 1e6
         tqdm.write(f"B={batch:4d} C={ctx:5d} {layout}: {row['us']:7.1f} us  {tb:.2f} TB/s "

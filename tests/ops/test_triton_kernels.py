@@ -146,6 +146,25 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tile", [(32, 1, 2), (128, 8, 3), (64, 4, 3), (16, 1, 2)])
+@pytest.mark.parametrize("window", [None, 70])
+def test_paged_decode_tuned_tiles(dtype, tile, window):
+    """The unsplit launch with each tile decode_config picks on a GPU (one warp at large batches, wide tiles with 8
+    warps at small ones) over contexts that end inside, at and just past a tile's edge."""
+    from ember.ops.triton import attention as tri_attn
+
+    heads, kv_heads, head_dim = 8, 2, 128
+    context = [0, 15, 31, 32, 63, 64, 127, 128, 200]
+    q, pool, meta = _batch([1] * len(context), context, heads, kv_heads, head_dim, dtype, 11)
+    scale = head_dim ** -0.5
+    ref = reference_attention(q, pool, meta, scale, window, None)
+    out = torch.empty_like(q)
+    config = dict(num_splits=1, BLOCK_N=tile[0], num_warps=tile[1], num_stages=tile[2], HEADS_FIRST=True)
+    tri_attn._decode(q, pool, meta, out, scale, window, None, config)
+    close(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES[:2] + ATTN_CASES[3:5])
 def test_mixed_step_decode_prefix(dtype, heads, kv_heads, head_dim, window, softcap, monkeypatch):
     """A mixed step's leading decodes go to the decode kernel, the rest (a decode among them too) to the prefill

@@ -324,17 +324,30 @@ def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: f
     return dict(k=k_cache, v=v_cache, **args), flags
 
 
-def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device) -> dict:
-    """Launch parameters of the decode kernel for a batch, from a sweep on an H200 (benchmarks/attention.py
-    --sweep; results/2026-12-03-h200-attention-*.txt): a 3-stage pipeline and the heads of a sequence side by side
-    gave 3% at batch 256 and 12% at batch 64 x 2048 over 2 stages in sequence order. Split launches (small batches,
-    one or two tiles per split) keep v5's 2 stages."""
+def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_dim_pad: int = 128) -> dict:
+    """Launch parameters of the decode kernel for a batch, from sweeps on an H200 (benchmarks/attention.py --sweep):
+    - a 3-stage pipeline and the heads of a sequence side by side gave 3% at batch 256 and 12% at batch 64 x 2048
+      over 2 stages in sequence order (results/2026-12-03-h200-attention-sweep.*). Split launches (small batches,
+      one or two tiles per split) keep v5's 2 stages.
+    - One warp per program once there are >= 6 (sequence, kv head) programs per SM: no cross-warp reductions or
+      barriers per key tile, and 32-key tiles keep several programs per SM streaming (2026-12-04, qwen3-8b heads,
+      us: 256 x 256 67.9 vs 70.9 with 4 warps, 256 x 128 37.9 vs 40.2, 128 x 256 36.1 vs 38.1, 128 x 1024 127.9 vs
+      128.2; at 64 sequences, ~4 programs per SM, it lost: 64 x 2048 144 vs 129). Inside a real run it gained more
+      than alone: qwen3-8b 256 x 128 -> 256 decode steps 2,660 -> 2,590 ms, qwen3-0.6b +6.7% e2e.
+    - Wide tiles with 8 warps at <= 2.5 programs per SM: 32 x 2048 68.5 vs 78.5, 32 x 512 21.4 vs 23.6.
+    The tuned tiles are for head dims up to 128 (a 256-wide head's accumulator and tiles would not fit them)."""
     on_gpu = device.type == "cuda"
     num_splits = decode_num_splits(num_seqs, num_kv_heads, device)
     cfg = dict(num_splits=num_splits, BLOCK_N=64 if on_gpu else 16, num_warps=4,
                num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
-    if on_gpu and num_splits == 1 and DECODE_TILE:
-        cfg.update(DECODE_TILE)
+    if on_gpu and num_splits == 1:
+        per_sm = num_seqs * num_kv_heads / _num_sms(device)
+        if head_dim_pad <= 128 and per_sm >= 6:
+            cfg.update(BLOCK_N=32, num_warps=1, num_stages=2)
+        elif head_dim_pad <= 128 and per_sm <= 2.5:
+            cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
+        if DECODE_TILE:
+            cfg.update(DECODE_TILE)
     return cfg
 
 
@@ -344,7 +357,7 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     num_seqs, num_heads = meta.num_seqs, out.shape[1]
     num_kv_heads = kv_cache.shape[3]
     c, flags = _common(num_heads, q.dtype, kv_cache, scale, sliding_window, softcap)
-    cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device))
+    cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device, flags["D_PAD"]))
     num_splits = cfg.pop("num_splits")
     is_split = num_splits > 1
     if is_split:
