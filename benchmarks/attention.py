@@ -276,9 +276,10 @@ def sweep_configs(batch: int):
         yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=s, HEADS_FIRST=True)
 
 
-PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st) for bm, bn, w, st in (
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3),
-    (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4))]
+PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, PACK_GQA=pack)
+                   for (bm, bn, w, st), pack in itertools.product((
+                       (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 4, 3),
+                       (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4)), (False, True))]
 
 
 def main() -> None:

@@ -260,8 +260,13 @@ def test_qkv_attention_decode_skips_negative_slots():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
-def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, softcap):
-    # fresh prompts, chunks after cached context, and decodes mixed in one step
+@pytest.mark.parametrize("pack", [True, False])
+def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, softcap, pack, monkeypatch):
+    # fresh prompts, chunks after cached context, and decodes mixed in one step; the tiles with every query head
+    # of a kv head (pack) or one head each
+    from ember.ops.triton import attention as tri_attn
+
+    monkeypatch.setattr(tri_attn, "PREFILL_PACK_GQA", pack)
     query_lens, context = [37, 1, 20, 5, 1], [0, 40, 33, 0, 3]
     q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + head_dim)
     scale = head_dim ** -0.5

@@ -54,6 +54,8 @@ FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "1
 _tile = os.environ.get("EMBER_DECODE_TILE")
 DECODE_TILE = dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, _tile.split(",")))) if _tile else None
 LOG2E = 1.4426950408889634
+# EMBER_PREFILL_PACK_GQA=0: the prefill kernel's tiles hold one query head each (A/B measurements)
+PREFILL_PACK_GQA = os.environ.get("EMBER_PREFILL_PACK_GQA", "1") != "0"
 
 
 @triton.jit
@@ -252,40 +254,49 @@ def _prefill_kernel(
     scale_log2, softcap, window, skip_from,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_Q: tl.constexpr, PACK: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    """One program per (tile of BLOCK_Q queries, sequence, head group): PACK query heads (1, or GROUP padded to a
+    power of two: every head of one kv head) x BLOCK_Q queries as the rows of one tile, so each key tile is loaded
+    once for the heads that share it."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     tile = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
-    head = tl.program_id(2)
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
-    if tile * BLOCK_M >= q_len or q_len >= skip_from:  # sequences of skip_from queries or more: flash attention
+    if tile * BLOCK_Q >= q_len or q_len >= skip_from:  # sequences of skip_from queries or more: flash attention
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    first_q = seq_len - q_len + tile * BLOCK_M  # absolute position of the tile's first query
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_q = seq_len - q_len + tile * BLOCK_Q  # absolute position of the tile's first query
+    offs_r = tl.arange(0, BLOCK_Q * PACK)  # row r: head r // BLOCK_Q of the group, query r % BLOCK_Q of the tile
+    offs_m = tile * BLOCK_Q + offs_r % BLOCK_Q
+    if PACK == 1:
+        heads = tl.program_id(2) + offs_r * 0
+        kv_head = tl.program_id(2) // GROUP
+        m_mask = offs_m < q_len
+    else:
+        kv_head = tl.program_id(2)
+        heads = kv_head * GROUP + offs_r // BLOCK_Q
+        m_mask = (offs_m < q_len) & (offs_r // BLOCK_Q < GROUP)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
-    m_mask = offs_m < q_len
     d_mask = offs_d < HEAD_DIM
     q_pos = seq_len - q_len + offs_m
     rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    kv_head = head // GROUP
+    io = rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + io, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     table = table_ptr + seq * stride_bt
-    hi = tl.minimum(first_q + BLOCK_M, seq_len)
+    hi = tl.minimum(first_q + BLOCK_Q, seq_len)
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(first_q - window + 1, 0)
     # keys before `diag` are visible to every query of the tile (up to the window); later ones need the causal mask
     diag = tl.maximum((first_q // BLOCK_N) * BLOCK_N, (lo // BLOCK_N) * BLOCK_N)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    m_i = tl.full([BLOCK_Q * PACK], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * PACK], tl.float32)
+    acc = tl.zeros([BLOCK_Q * PACK, D_PAD], tl.float32)
     for start in range((lo // BLOCK_N) * BLOCK_N, diag, BLOCK_N):
         m_i, l_i, acc = _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i, l_i, acc,
                                       offs_n, offs_d, d_mask, kv_head, scale_log2, softcap,
@@ -297,8 +308,8 @@ def _prefill_kernel(
                                       stride_kb, stride_ks, stride_kh, BLOCK_SIZE, True, HAS_WINDOW,
                                       HAS_SOFTCAP, PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    io = rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + io, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
 def _num_sms(device: torch.device) -> int:
@@ -391,14 +402,15 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
 def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device) -> dict:
     """From a sweep on an H200 (benchmarks/attention.py --sweep, qwen3-8b heads): short prompts want small tiles
     (64 x 128-token prompts: 89 us against 135 us for 128 x 64 tiles), long ones wide key tiles (8k: 1,665 vs
-    1,805 us)."""
+    1,805 us). BLOCK_M is the rows of a tile; PACK_GQA fills them with every query head of a kv head."""
+    pack = dict(PACK_GQA=PREFILL_PACK_GQA)
     if device.type != "cuda":
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, **pack)
     if head_dim_pad > 128:
-        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3, **pack)
     if max_query_len <= 512:
-        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=4, **pack)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, **pack)
 
 
 def _flash_ok(q: torch.Tensor, kv_cache: torch.Tensor, sliding_window, softcap) -> bool:
@@ -437,14 +449,17 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     if max_query_len == 0:
         return
     c, flags = _common(q.shape[1], q.dtype, kv_cache, scale, sliding_window, softcap)
-    cfg = config or prefill_config(flags["D_PAD"], max_query_len, q.device)
+    cfg = dict(config or prefill_config(flags["D_PAD"], max_query_len, q.device))
+    # rows of a tile: BLOCK_M queries of one head, or BLOCK_M / PACK queries of each of PACK heads sharing a kv head
+    pack = triton.next_power_of_2(flags["GROUP"]) if cfg.pop("PACK_GQA", False) and flags["GROUP"] > 1 else 1
+    block_q = max(1, cfg.pop("BLOCK_M") // pack)
     bt = meta.block_tables
-    grid = (triton.cdiv(max_query_len, cfg["BLOCK_M"]), meta.num_seqs, q.shape[1])
+    grid = (triton.cdiv(max_query_len, block_q), meta.num_seqs, q.shape[1] if pack == 1 else kv_cache.shape[3])
     _prefill_kernel[grid](
         q, c["k"], c["v"], out, bt, meta.seq_lens, meta.query_start_loc,
         c["scale_log2"], c["softcap"], c["window"], FLASH_PREFILL_MIN_QUERY if long else 2**31 - 1,
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), BLOCK_Q=block_q, PACK=pack,
         **cfg, **flags, **pdl.launch_args(q.device),
     )
 
