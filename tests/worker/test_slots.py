@@ -1,16 +1,30 @@
 import random
 
+import numpy as np
 import pytest
 
-from ember.worker.model_runner import _slots
+from ember.worker.model_runner import _padded_tables, _positions_and_slots
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_slots_equal_a_lookup_per_token(block_size):
+def test_positions_and_slots_equal_a_lookup_per_token(block_size):
+    """A step's sequences (prompt chunks starting inside a block, decodes, whole prompts) on scattered blocks: every
+    token's position and pool slot as a per-token lookup in its own block list would give them."""
     rng = random.Random(block_size)
-    for _ in range(300):
-        blocks = rng.sample(range(1, 1000), 12)
-        start = rng.randrange(0, block_size * 11)
-        n = rng.randrange(1, block_size * 12 - start + 1)
-        expected = [blocks[p // block_size] * block_size + p % block_size for p in range(start, start + n)]
-        assert _slots(blocks, start, n, block_size) == expected, (start, n)
+    for _ in range(50):
+        blocks, starts, lens = [], [], []
+        for _ in range(rng.randrange(1, 9)):
+            ids = rng.sample(range(1, 1000), rng.randrange(1, 12))
+            start = rng.randrange(0, block_size * len(ids))
+            blocks.append(ids)
+            starts.append(start)
+            lens.append(rng.randrange(1, block_size * len(ids) - start + 1))
+        width = max(-(-(s + n) // block_size) for s, n in zip(starts, lens))
+        tables = _padded_tables(blocks, width)
+        pos, slots = _positions_and_slots(tables, np.array(starts), np.array(lens), block_size)
+        want_pos = [p for s, n in zip(starts, lens) for p in range(s, s + n)]
+        want_slots = [ids[p // block_size] * block_size + p % block_size
+                      for ids, s, n in zip(blocks, starts, lens) for p in range(s, s + n)]
+        assert pos.tolist() == want_pos and slots.tolist() == want_slots
+        assert tables.shape == (len(blocks), width)
+        assert all(tables[i, :min(width, len(ids))].tolist() == ids[:width] for i, ids in enumerate(blocks))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import array
 import gc
+import itertools
 import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 
+import numpy as np
 import torch
 
 from ember import ops
@@ -141,27 +143,29 @@ def activation_reserve(hf: dict, num_tokens: int, dtype_bytes: int) -> int:
     return max(CUDA_ACTIVATION_RESERVE, int(1.5 * per_token * num_tokens))
 
 
-def _slots(block_ids: list[int], start: int, n: int, block_size: int) -> list[int]:
-    """Pool slots of positions start..start+n-1: a range per block rather than a lookup per token (a 16k-token
-    prefill step's slots were ~3 ms of host time before its launch)."""
-    if n == 1:
-        return [block_ids[start // block_size] * block_size + start % block_size]
-    out: list[int] = []
-    end = start + n
-    while start < end:
-        base = block_ids[start // block_size] * block_size
-        stop = min(end, (start // block_size + 1) * block_size)
-        out += range(base + start % block_size, base + (stop - 1) % block_size + 1)
-        start = stop
-    return out
+def _positions_and_slots(tables: np.ndarray, start_pos: np.ndarray, lens: np.ndarray,
+                         block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions and pool slots of a step's tokens, int64: sequence i's lens[i] tokens from position start_pos[i],
+    their blocks looked up in row i of tables [S, W]. Vectorized: a 32k-token prefill step's per-sequence ranges and
+    per-block slot lists were ~4 ms of host time before its launch."""
+    first_row = np.cumsum(lens) - lens
+    pos = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(start_pos - first_row, lens)
+    seq = np.repeat(np.arange(len(lens)), lens)
+    return pos, tables[seq, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+def _padded_tables(block_ids: list[list[int]], width: int) -> np.ndarray:
+    """Each sequence's first `width` block ids, zero-padded: [S, width] int32."""
+    rows = (ids[:width] + [0] * (width - len(ids[:width])) for ids in block_ids)
+    return np.fromiter(itertools.chain.from_iterable(rows), np.int32, count=len(block_ids) * width).reshape(-1, width)
 
 
 def _device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host list on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync). A flat list
-    of ints goes through array.array, ~4x faster than torch.tensor's per-element conversion (a 16k-token prefill
-    step has three such lists)."""
-    code = _ARRAY_CODES.get(dtype)
-    if code is not None and values and not isinstance(values[0], (list, tuple)):
+    """A host list or numpy array on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync).
+    A flat list of ints goes through array.array, ~4x faster than torch.tensor's per-element conversion."""
+    if isinstance(values, np.ndarray):
+        host = torch.from_numpy(values).to(dtype)
+    elif (code := _ARRAY_CODES.get(dtype)) is not None and values and not isinstance(values[0], (list, tuple)):
         host = torch.frombuffer(array.array(code, values), dtype=dtype)
     else:
         host = torch.tensor(values, dtype=dtype)
@@ -374,45 +378,41 @@ class ModelRunner:
         return state
 
     def _prepare(self, out: SchedulerOutput) -> StepInputs:
-        input_ids, positions, slots, starts, seq_lens = [], [], [], [0], []
-        sample_idx, sample_seqs = [], []
-        bs = self.block_size
-        for seq in out.seqs:
-            n, start = len(seq.token_ids), seq.start_pos
-            input_ids += seq.token_ids
-            positions += range(start, start + n)
-            slots += _slots(seq.block_ids, start, n, bs)
-            starts.append(starts[-1] + n)
-            seq_lens.append(start + n)
-            if seq.do_sample:
-                sample_idx.append(starts[-1] - 1)
-                sample_seqs.append(seq)
+        seqs, bs = out.seqs, self.block_size
+        lens = [len(seq.token_ids) for seq in seqs]
+        start_pos = [seq.start_pos for seq in seqs]
+        starts = [0, *itertools.accumulate(lens)]
+        seq_lens = [s + n for s, n in zip(start_pos, lens)]
+        sample_idx = [end - 1 for seq, end in zip(seqs, starts[1:]) if seq.do_sample]
+        sample_seqs = [seq for seq in seqs if seq.do_sample]
         max_blocks = max(-(-s // bs) for s in seq_lens)
-        tables = [seq.block_ids[:max_blocks] + [0] * (max_blocks - len(seq.block_ids[:max_blocks])) for seq in out.seqs]
+        tables = _padded_tables([seq.block_ids for seq in seqs], max_blocks)
+        step = (np.array(start_pos, dtype=np.int64), np.array(lens, dtype=np.int64))
+        positions, slots = _positions_and_slots(tables, *step, bs)
+        input_ids = np.fromiter(itertools.chain.from_iterable(seq.token_ids for seq in seqs), np.int64, count=starts[-1])
         dev = self.device
 
         def t(x, dtype):
             return _device_tensor(x, dtype, dev)
 
         ids = t(input_ids, torch.int64)
-        self._fill_placeholders(ids, out.seqs, starts[1:])
+        self._fill_placeholders(ids, seqs, starts[1:])
         meta = AttentionMetadata(
             slot_mapping=t(slots, torch.int64), query_start_loc=t(starts, torch.int32), seq_lens=t(seq_lens, torch.int32),
-            block_tables=t(tables, torch.int32), max_query_len=max(len(s.token_ids) for s in out.seqs),
+            block_tables=t(tables, torch.int32), max_query_len=max(lens),
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-            state=_to_device(StateMetadata.build(out.seqs, torch.device("cpu")), dev),  # no sync: a step may run
+            state=_to_device(StateMetadata.build(seqs, torch.device("cpu")), dev),  # no sync: a step may run
         )
         if len(self.kv_groups) > 1:
-            meta.groups = [meta] + [self._group_meta(meta, out, g, t) for g in range(1, len(self.kv_groups))]
+            meta.groups = [meta] + [self._group_meta(meta, out, g, t, step) for g in range(1, len(self.kv_groups))]
         return StepInputs(ids, t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
 
-    def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t) -> AttentionMetadata:
-        """The step's metadata with KV group `group`'s slots and block tables."""
-        bs, slots = self.block_size, []
-        for seq in out.seqs:
-            slots += _slots(seq.group_block_ids[group - 1], seq.start_pos, len(seq.token_ids), bs)
-        width = max(-(-s // bs) for s in meta.seq_lens_cpu)
-        tables = [(ids := seq.group_block_ids[group - 1][:width]) + [0] * (width - len(ids)) for seq in out.seqs]
+    def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t, step) -> AttentionMetadata:
+        """The step's metadata with KV group `group`'s slots and block tables (step: the start positions and
+        lengths of its sequences, as numpy arrays)."""
+        width = max(-(-s // self.block_size) for s in meta.seq_lens_cpu)
+        tables = _padded_tables([seq.group_block_ids[group - 1] for seq in out.seqs], width)
+        _, slots = _positions_and_slots(tables, *step, self.block_size)
         return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
 
     def _fill_placeholders(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq], ends) -> None:
