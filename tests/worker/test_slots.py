@@ -1,13 +1,12 @@
 import random
 
-import numpy as np
 import pytest
 
-from ember.worker.model_runner import _padded_tables, _positions_and_slots
+from ember.worker.model_runner import _padded_tables, _slots, _step_positions
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_positions_and_slots_equal_a_lookup_per_token(block_size):
+def test_step_positions_and_slots_equal_a_lookup_per_token(block_size):
     """A step's sequences (prompt chunks starting inside a block, decodes, whole prompts) on scattered blocks: every
     token's position and pool slot as a per-token lookup in its own block list would give them."""
     rng = random.Random(block_size)
@@ -21,7 +20,8 @@ def test_positions_and_slots_equal_a_lookup_per_token(block_size):
             lens.append(rng.randrange(1, block_size * len(ids) - start + 1))
         width = max(-(-(s + n) // block_size) for s, n in zip(starts, lens))
         tables = _padded_tables(blocks, width)
-        pos, slots = _positions_and_slots(tables, np.array(starts), np.array(lens), block_size)
+        seq, pos = _step_positions(starts, lens)
+        slots = _slots(tables, seq, pos, block_size)
         want_pos = [p for s, n in zip(starts, lens) for p in range(s, s + n)]
         want_slots = [ids[p // block_size] * block_size + p % block_size
                       for ids, s, n in zip(blocks, starts, lens) for p in range(s, s + n)]

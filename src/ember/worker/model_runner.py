@@ -143,15 +143,19 @@ def activation_reserve(hf: dict, num_tokens: int, dtype_bytes: int) -> int:
     return max(CUDA_ACTIVATION_RESERVE, int(1.5 * per_token * num_tokens))
 
 
-def _positions_and_slots(tables: np.ndarray, start_pos: np.ndarray, lens: np.ndarray,
-                         block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions and pool slots of a step's tokens, int64: sequence i's lens[i] tokens from position start_pos[i],
-    their blocks looked up in row i of tables [S, W]. Vectorized: a 32k-token prefill step's per-sequence ranges and
-    per-block slot lists were ~4 ms of host time before its launch."""
-    first_row = np.cumsum(lens) - lens
-    pos = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(start_pos - first_row, lens)
-    seq = np.repeat(np.arange(len(lens)), lens)
-    return pos, tables[seq, pos // block_size].astype(np.int64) * block_size + pos % block_size
+def _step_positions(start_pos: list[int], lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence index, position) of each of a step's tokens, int64: sequence i's lens[i] tokens from position
+    start_pos[i]. Vectorized with _slots: a 32k-token prefill step's per-sequence ranges and per-block slot lists
+    were ~4 ms of host time before its launch."""
+    lens_np = np.array(lens, dtype=np.int64)
+    offset = np.array(start_pos, dtype=np.int64) - (np.cumsum(lens_np) - lens_np)  # position minus row, per sequence
+    pos = np.arange(int(lens_np.sum()), dtype=np.int64) + np.repeat(offset, lens_np)
+    return np.repeat(np.arange(len(lens)), lens_np), pos
+
+
+def _slots(tables: np.ndarray, seq: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """Pool slots of tokens (seq, pos), their blocks looked up in row seq of tables [S, W]: int64."""
+    return tables[seq, pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
 def _padded_tables(block_ids: list[list[int]], width: int) -> np.ndarray:
@@ -387,8 +391,8 @@ class ModelRunner:
         sample_seqs = [seq for seq in seqs if seq.do_sample]
         max_blocks = max(-(-s // bs) for s in seq_lens)
         tables = _padded_tables([seq.block_ids for seq in seqs], max_blocks)
-        step = (np.array(start_pos, dtype=np.int64), np.array(lens, dtype=np.int64))
-        positions, slots = _positions_and_slots(tables, *step, bs)
+        token_seq, positions = _step_positions(start_pos, lens)
+        slots = _slots(tables, token_seq, positions, bs)
         input_ids = np.fromiter(itertools.chain.from_iterable(seq.token_ids for seq in seqs), np.int64, count=starts[-1])
         dev = self.device
 
@@ -404,15 +408,16 @@ class ModelRunner:
             state=_to_device(StateMetadata.build(seqs, torch.device("cpu")), dev),  # no sync: a step may run
         )
         if len(self.kv_groups) > 1:
-            meta.groups = [meta] + [self._group_meta(meta, out, g, t, step) for g in range(1, len(self.kv_groups))]
+            meta.groups = [meta] + [self._group_meta(meta, out, g, t, max_blocks, token_seq, positions)
+                                    for g in range(1, len(self.kv_groups))]
         return StepInputs(ids, t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
 
-    def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t, step) -> AttentionMetadata:
-        """The step's metadata with KV group `group`'s slots and block tables (step: the start positions and
-        lengths of its sequences, as numpy arrays)."""
-        width = max(-(-s // self.block_size) for s in meta.seq_lens_cpu)
+    def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t, width: int,
+                    token_seq: np.ndarray, positions: np.ndarray) -> AttentionMetadata:
+        """The step's metadata with KV group `group`'s slots and block tables (width blocks; the step's tokens as
+        _step_positions gives them)."""
         tables = _padded_tables([seq.group_block_ids[group - 1] for seq in out.seqs], width)
-        _, slots = _positions_and_slots(tables, *step, self.block_size)
+        slots = _slots(tables, token_seq, positions, self.block_size)
         return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
 
     def _fill_placeholders(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq], ends) -> None:

@@ -353,10 +353,11 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
                num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
     if on_gpu and num_splits == 1:
         per_sm = num_seqs * num_kv_heads / _num_sms(device)
-        if head_dim_pad <= 128 and per_sm >= 6:
-            cfg.update(BLOCK_N=32, num_warps=1, num_stages=2)
-        elif head_dim_pad <= 128 and per_sm <= 2.5:
-            cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
+        if head_dim_pad <= 128:
+            if per_sm >= 6:
+                cfg.update(BLOCK_N=32, num_warps=1, num_stages=2)
+            elif per_sm <= 2.5:
+                cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
         if DECODE_TILE:
             cfg.update(DECODE_TILE)
     return cfg
