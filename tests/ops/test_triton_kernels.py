@@ -65,7 +65,11 @@ def _cos_sin(max_pos: int, rot_dim: int) -> torch.Tensor:
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rot_dim,norm", [
     (4, 2, 16, 16, True), (6, 2, 24, 24, True), (4, 1, 32, 16, False), (8, 8, 64, 64, False), (4, 2, 32, 0, True),
 ])
-def test_prepare_qkv(dtype, heads, kv_heads, head_dim, rot_dim, norm):
+# q_parts: the query heads over that many programs per token and the KV in one more (4 does not divide 6 heads:
+# one program per token then does all)
+@pytest.mark.parametrize("config", [None, dict(q_parts=1, num_warps=1), dict(q_parts=2, num_warps=2),
+                                    dict(q_parts=4, num_warps=4)], ids=["default", "q1", "q2", "q4"])
+def test_prepare_qkv(dtype, heads, kv_heads, head_dim, rot_dim, norm, config):
     g = torch.Generator().manual_seed(heads * 100 + head_dim)
     num_tokens, num_blocks = 9, 6
     qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
@@ -78,7 +82,7 @@ def test_prepare_qkv(dtype, heads, kv_heads, head_dim, rot_dim, norm):
              for _ in range(2)]
     args = (heads, kv_heads, qw, kw, 1e-6, cos_sin, rot_dim)
     q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args)
-    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args)
+    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args, config=config)
     close(q_tri, q_ref, dtype)
     close(pools[1], pools[0], dtype)
     assert torch.equal(pools[1] == 7.0, pools[0] == 7.0)  # exactly the same slots written

@@ -6,12 +6,18 @@ cos/sin table (the reference rounds cos/sin to the model dtype first), so bf16 r
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
 from ember.ops.triton.pdl import release_dependents, wait_prior
+
+# EMBER_PREPARE_QKV_CONFIG="q_parts,num_warps": the launch for every step (A/B measurements in a real run)
+_cfg = os.environ.get("EMBER_PREPARE_QKV_CONFIG")
+PREPARE_QKV_CONFIG = dict(zip(("q_parts", "num_warps"), map(int, _cfg.split(",")))) if _cfg else None
 
 
 @triton.jit
@@ -51,42 +57,67 @@ def _prepare_qkv_kernel(
     qkv_ptr, positions_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, q_w_ptr, k_w_ptr, cos_sin_ptr,
     eps, stride_t, stride_slot, num_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr, USE_PDL: tl.constexpr,
+    ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr,
+    Q_PARTS: tl.constexpr, KV_PART: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    """Grid (tokens, parts): parts 0..Q_PARTS-1 each take num_heads / Q_PARTS query heads, part KV_PART the keys
+    and values (KV_PART = 0 with Q_PARTS = 1: one program per token does everything)."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     row = qkv_ptr + t * stride_t
     k_row = row + num_heads * HEAD_DIM
     v_row = k_row + num_kv_heads * HEAD_DIM
     offs_d = tl.arange(0, D_PAD)
     d_mask = offs_d < HEAD_DIM
-    offs_hk = tl.arange(0, HKV_PAD)
-    kv_mask = (offs_hk < num_kv_heads)[:, None] & d_mask[None, :]
-    kv_offs = offs_hk[:, None] * HEAD_DIM + offs_d[None, :]
     cos_ptr = cos_sin_ptr
     if HAS_ROPE:
         cos_ptr = cos_sin_ptr + tl.load(positions_ptr + t).to(tl.int64) * (2 * ROT_DIM)
     if DO_QK:
-        q = _norm_rope(row, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_heads,
-                       HEAD_DIM, HQ_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
-        k = _norm_rope(k_row, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_kv_heads,
-                       HEAD_DIM, HKV_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
-        offs_hq = tl.arange(0, HQ_PAD)
-        q_mask = (offs_hq < num_heads)[:, None] & d_mask[None, :]
-        tl.store(row + offs_hq[:, None] * HEAD_DIM + offs_d[None, :], q.to(row.dtype.element_ty), mask=q_mask)
-    else:
-        k = tl.load(k_row + kv_offs, mask=kv_mask, other=0.0)
-    v = tl.load(v_row + kv_offs, mask=kv_mask, other=0.0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot >= 0:
-        cache_dtype = k_cache_ptr.dtype.element_ty
-        tl.store(k_cache_ptr + slot * stride_slot + kv_offs, k.to(cache_dtype), mask=kv_mask)
-        tl.store(v_cache_ptr + slot * stride_slot + kv_offs, v.to(cache_dtype), mask=kv_mask)
+        if part < Q_PARTS:
+            part_heads = num_heads // Q_PARTS
+            q_row = row + part * part_heads * HEAD_DIM
+            q = _norm_rope(q_row, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, part_heads,
+                           HEAD_DIM, HQ_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+            offs_hq = tl.arange(0, HQ_PAD)
+            q_mask = (offs_hq < part_heads)[:, None] & d_mask[None, :]
+            tl.store(q_row + offs_hq[:, None] * HEAD_DIM + offs_d[None, :], q.to(row.dtype.element_ty), mask=q_mask)
+    if part == KV_PART:
+        offs_hk = tl.arange(0, HKV_PAD)
+        kv_mask = (offs_hk < num_kv_heads)[:, None] & d_mask[None, :]
+        kv_offs = offs_hk[:, None] * HEAD_DIM + offs_d[None, :]
+        if DO_QK:
+            k = _norm_rope(k_row, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_kv_heads,
+                           HEAD_DIM, HKV_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+        else:
+            k = tl.load(k_row + kv_offs, mask=kv_mask, other=0.0)
+        v = tl.load(v_row + kv_offs, mask=kv_mask, other=0.0)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + slot * stride_slot + kv_offs, k.to(cache_dtype), mask=kv_mask)
+            tl.store(v_cache_ptr + slot * stride_slot + kv_offs, v.to(cache_dtype), mask=kv_mask)
+
+
+def prepare_config(num_tokens: int, num_heads: int) -> dict:
+    """q_parts: programs per token for the query heads (0: one program per token does q, k and v); num_warps.
+
+    At decode rows the kernel is a few dependent loads long (position, cos/sin, the rows): timed after the qkv
+    GEMM in a graph (benchmarks/small_kernels.py, qwen3-8b heads, 2026-12-04), the query heads in one 8-warp
+    program and the keys and values in another took 3.24 / 3.77 us at 128 / 256 rows, against 4.00 / 4.71 for one
+    4-warp program per token (the best of 20 launches at each size was within ~0.5 us of it; 1-warp programs took
+    6.4-7.3). End to end at qwen3-8b 256 x 128 -> 256 the ~1 us per layer is within the run-to-run spread.
+    Prefill-sized launches keep one program per token (not measured split)."""
+    if PREPARE_QKV_CONFIG is not None:
+        return dict(PREPARE_QKV_CONFIG)
+    if num_tokens <= 512:
+        return dict(q_parts=1, num_warps=8)
+    return dict(q_parts=0, num_warps=4)
 
 
 def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_w, k_w, eps,
-            cos_sin, rot_dim, do_qk: bool) -> None:
+            cos_sin, rot_dim, do_qk: bool, config: dict | None = None) -> None:
     num_tokens = qkv.shape[0]
     head_dim = kv_cache.shape[-1]
     assert kv_cache[0].is_contiguous() and qkv.stride(-1) == 1
@@ -94,24 +125,30 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
     dummy = qkv  # never read when the matching flag is off
     if num_tokens == 0:
         return
-    _prepare_qkv_kernel[(num_tokens,)](
+    cfg = dict(config or prepare_config(num_tokens, num_heads))
+    q_parts = cfg.pop("q_parts") if do_qk else 0
+    if q_parts and num_heads % q_parts:
+        q_parts = 0
+    grid = (num_tokens, q_parts + 1 if q_parts else 1)
+    _prepare_qkv_kernel[grid](
         qkv, positions if has_rope else dummy, slot_mapping, kv_cache[0], kv_cache[1],
         q_w if has_norm else dummy, k_w if has_norm else dummy, cos_sin if has_rope else dummy,
         eps, qkv.stride(0), kv_cache.stride(2), num_heads, num_kv_heads,
-        HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(num_heads), HKV_PAD=triton.next_power_of_2(num_kv_heads),
-        D_PAD=triton.next_power_of_2(head_dim), ROT_DIM=rot_dim if has_rope else 0,
-        HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk, num_warps=4, **pdl.launch_args(qkv.device),
+        HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(max(1, num_heads // max(1, q_parts))),
+        HKV_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
+        ROT_DIM=rot_dim if has_rope else 0, HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk,
+        Q_PARTS=max(1, q_parts), KV_PART=q_parts, num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
     )
 
 
 def prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                 num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
                 k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
-                cos_sin: torch.Tensor | None = None, rot_dim: int = 0) -> torch.Tensor:
+                cos_sin: torch.Tensor | None = None, rot_dim: int = 0, config: dict | None = None) -> torch.Tensor:
     head_dim = kv_cache.shape[-1]
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     _launch(qkv, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight,
-            norm_eps, cos_sin, rot_dim, do_qk=True)
+            norm_eps, cos_sin, rot_dim, do_qk=True, config=config)
     # q was rewritten in place: a strided view of the qkv rows
     return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
 
