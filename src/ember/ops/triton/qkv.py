@@ -1,5 +1,6 @@
-"""The step between the qkv projection and attention in one kernel per token: per-head RMSNorm of q and k,
-neox rotary on q and k, q written back in place, k and v written into the paged KV pool (slots < 0 skipped).
+"""The step between the qkv projection and attention in one kernel (one or two programs per token, prepare_config):
+per-head RMSNorm of q and k, neox rotary on q and k, q written back in place, k and v written into the paged KV
+pool (slots < 0 skipped).
 
 Same contract as ember.ops.attention.prepare_qkv / write_kv. Rotary is computed in float32 from the float32
 cos/sin table (the reference rounds cos/sin to the model dtype first), so bf16 results differ by rounding only.
