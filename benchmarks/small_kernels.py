@@ -141,7 +141,7 @@ def main() -> None:
         del ws
         torch.cuda.empty_cache()
     defaults = dict(silu_and_mul=lambda m: silu_config(GATE_UP[0] // 2, m), row_argmax=lambda m: ARGMAX_CONFIG,
-                    prepare_qkv=lambda m: prepare_config(m, 32))
+                    prepare_qkv=lambda m: prepare_config(m))
     for m in ms:
         for kernel, default in defaults.items():
             base = [r for r in results if r["m"] == m and r["kernel"] == kernel and r["config"] == default(m)]

@@ -101,7 +101,7 @@ def _prepare_qkv_kernel(
             tl.store(v_cache_ptr + slot * stride_slot + kv_offs, v.to(cache_dtype), mask=kv_mask)
 
 
-def prepare_config(num_tokens: int, num_heads: int) -> dict:
+def prepare_config(num_tokens: int) -> dict:
     """q_parts: programs per token for the query heads (0: one program per token does q, k and v); num_warps.
 
     At decode rows the kernel is a few dependent loads long (position, cos/sin, the rows): timed after the qkv
@@ -126,7 +126,7 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
     dummy = qkv  # never read when the matching flag is off
     if num_tokens == 0:
         return
-    cfg = dict(config or prepare_config(num_tokens, num_heads))
+    cfg = dict(config or prepare_config(num_tokens))
     q_parts = cfg.pop("q_parts") if do_qk else 0
     if q_parts and num_heads % q_parts:
         q_parts = 0
