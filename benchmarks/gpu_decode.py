@@ -11,16 +11,22 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
 "w+kv" column adds the KV bytes a step must read at the mean context length.
+
+Each decode row also records the SM clock and board power over its run (`clocks`: nvidia-smi sampled every 50 ms,
+where it exists): H200s differ in the clock the 700 W cap allows under sustained load, and with it in tok/s.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -63,6 +69,63 @@ def matmul_tflops(n: int = 8192) -> float:
 def make_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab - 10, (batch, length), generator=g).tolist()
+
+
+class ClockSampler:
+    """The GPU's SM clock (MHz) and board power (W) from `nvidia-smi --loop-ms` while the `with` block runs;
+    summary(t0, t1) keeps this process's GPU's samples between two time.time() stamps, None where nvidia-smi is
+    missing or gave none in that window."""
+
+    def __init__(self, interval_ms: int = 50) -> None:
+        self.interval_ms, self.proc, self.text = interval_ms, None, ""
+
+    def __enter__(self) -> "ClockSampler":
+        exe = shutil.which("nvidia-smi")
+        if exe is not None:
+            self.proc = subprocess.Popen(
+                [exe, "--query-gpu=timestamp,uuid,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 f"--loop-ms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            time.sleep(0.3)  # its first sample comes ~0.1 s after it starts
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.text = self.proc.communicate(timeout=5)[0]
+
+    def summary(self, t0: float, t1: float) -> dict | None:
+        try:
+            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        except (AttributeError, RuntimeError):
+            uuid = None
+        return summarize_clocks(self.text, t0, t1, uuid)
+
+
+def _uuid_key(uuid: str) -> str:
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
+
+
+def summarize_clocks(text: str, t0: float, t1: float, uuid: str | None = None) -> dict | None:
+    """Median / min SM clock and median / max power over nvidia-smi lines "YYYY/MM/DD HH:MM:SS.fff, uuid, MHz, W"
+    stamped between t0 and t1 (time.time(); nvidia-smi prints local time), of the GPU `uuid` (None: the lines must
+    all be of one GPU); malformed lines are skipped."""
+    samples = []
+    for line in text.splitlines():
+        try:
+            stamp, gpu, clock, power = (x.strip() for x in line.split(","))
+            when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            samples.append((when, _uuid_key(gpu), float(clock), float(power)))
+        except ValueError:
+            continue
+    gpus = {gpu for _, gpu, _, _ in samples}
+    want = _uuid_key(uuid) if uuid else (gpus.pop() if len(gpus) == 1 else None)
+    kept = [(mhz, w) for when, gpu, mhz, w in samples if gpu == want and t0 <= when <= t1]
+    if not kept:
+        return None
+    mhz, watts = zip(*kept)
+    return dict(sm_mhz_median=statistics.median(mhz), sm_mhz_min=min(mhz), power_w_median=statistics.median(watts),
+                power_w_max=max(watts), samples=len(kept))
 
 
 class StepTimer:
@@ -156,12 +219,14 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int, gc_heaps: b
 
     gc.callbacks.append(on_gc)
     run_start, run_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    run_start.record()
-    outs = llm.generate(prompts, params)
-    run_end.record()
-    total = time.perf_counter() - start
+    with ClockSampler() as clocks:
+        torch.cuda.synchronize()
+        wall_start, start = time.time(), time.perf_counter()
+        run_start.record()
+        outs = llm.generate(prompts, params)
+        run_end.record()
+        total = time.perf_counter() - start
+        wall_end = time.time()
     graph_ms = timer.graph_ms(batch)
     gc.callbacks.remove(on_gc)
     timeline = timer.timeline(run_start, run_end)
@@ -177,7 +242,7 @@ def bench_ember_decode(llm, batch: int, prompt_len: int, vocab: int, gc_heaps: b
     decode_tok_s = sum(n for n, _ in full) / sum(t for _, t in full) if full else float("nan")
     return dict(e2e_tok_s=batch * OUTPUT_LEN / total, decode_tok_s=decode_tok_s, total_s=total,
                 num_decode_steps=len(full), step_ms_median=1e3 * statistics.median(t for _, t in full) if full else None,
-                graph_step_ms=graph_ms, timeline=timeline)
+                graph_step_ms=graph_ms, timeline=timeline, clocks=clocks.summary(wall_start, wall_end))
 
 
 def profile_graph_step(llm, batch: int, log) -> None:
@@ -381,7 +446,7 @@ def table(rows: list[dict], ceil: dict) -> str:
     lines = [f"device: {ceil['device']}  copy bandwidth {ceil['bandwidth'] / 1e12:.2f} TB/s  "
              f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s",
              f"{'shape':<11} {'batch':>5} {'prompt':>6} {'e2e tok/s':>10} {'decode tok/s':>12} {'step ms':>8} "
-             f"{'graph ms':>8} {'%roof(w)':>8} {'%roof(w+kv)':>11} {'x HF':>6}"]
+             f"{'graph ms':>8} {'%roof(w)':>8} {'%roof(w+kv)':>11} {'x HF':>6} {'SM MHz':>6}"]
     for r in rows:
         if r.get("kind") == "prefill":
             if "error" in r:
@@ -402,7 +467,8 @@ def table(rows: list[dict], ceil: dict) -> str:
             f"{r['shape']:<11} {r['batch']:>5} {r['prompt_len']:>6} {r['e2e_tok_s']:>10,.0f} {r['decode_tok_s']:>12,.0f} "
             f"{r['step_ms_median'] or float('nan'):>8.2f} {g if g is not None else float('nan'):>8.2f} "
             f"{100 * r['decode_tok_s'] / r['roofline_tok_s']:>7.1f}% {100 * r['decode_tok_s'] / r['roofline_wkv_tok_s']:>10.1f}% "
-            f"{(r['e2e_tok_s'] / ref) if ref else float('nan'):>6.1f}")
+            f"{(r['e2e_tok_s'] / ref) if ref else float('nan'):>6.1f} "
+            f"{r['clocks']['sm_mhz_median'] if r.get('clocks') else float('nan'):>6.0f}")
     return "\n".join(lines)
 
 
