@@ -82,21 +82,31 @@ class ClockSampler:
     def __enter__(self) -> "ClockSampler":
         exe = shutil.which("nvidia-smi")
         if exe is not None:
-            self.proc = subprocess.Popen(
-                [exe, "--query-gpu=timestamp,uuid,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 f"--loop-ms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            time.sleep(0.3)  # its first sample comes ~0.1 s after it starts
+            try:
+                self.proc = subprocess.Popen(
+                    [exe, "--query-gpu=timestamp,uuid,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                     f"--loop-ms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:  # the measurement goes on without clocks
+                self.proc = None
+            else:
+                time.sleep(0.3)  # its first sample comes ~0.1 s after it starts
         return self
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
             self.proc.terminate()
-            self.text = self.proc.communicate(timeout=5)[0]
+            try:
+                self.text = self.proc.communicate(timeout=5)[0]
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.text = self.proc.communicate()[0]
 
     def summary(self, t0: float, t1: float) -> dict | None:
+        if not self.text:
+            return None
         try:
             uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        except (AttributeError, RuntimeError):
+        except Exception:  # an older torch without .uuid: summarize_clocks then needs a single GPU's lines
             uuid = None
         return summarize_clocks(self.text, t0, t1, uuid)
 
