@@ -1,18 +1,16 @@
 """SiLU(gate) * up in one pass over the fused gate/up projection (rounded where the torch reference rounds)."""
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
+from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # EMBER_SILU_TILE="BLOCK,ROWS,num_warps": the launch's tile on a GPU, for measuring (benchmarks/small_kernels.py)
-_tile = os.environ.get("EMBER_SILU_TILE")
-TILE_OVERRIDE = dict(zip(("BLOCK", "ROWS", "num_warps"), map(int, _tile.split(",")))) if _tile else None
+TILE_OVERRIDE = env_launch("EMBER_SILU_TILE", ("BLOCK", "ROWS", "num_warps"))
 
 
 @triton.jit

@@ -25,6 +25,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from ember.ops.attention import gather_blocks
 from ember.ops.triton import pdl
+from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
 from ember.ops.triton.qkv import _norm_rope, prepare_qkv
 
@@ -51,8 +52,7 @@ FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "1
 # EMBER_DECODE_TILE="BLOCK_N,num_warps,num_stages": the unsplit decode launch's tile on a GPU, for measuring
 # alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a
 # microbenchmark (five tiles made no difference: benchmarks/NOTES-gpu.md, v9)
-_tile = os.environ.get("EMBER_DECODE_TILE")
-DECODE_TILE = dict(zip(("BLOCK_N", "num_warps", "num_stages"), map(int, _tile.split(",")))) if _tile else None
+DECODE_TILE = env_launch("EMBER_DECODE_TILE", ("BLOCK_N", "num_warps", "num_stages"))
 LOG2E = 1.4426950408889634
 # EMBER_PREFILL_PACK_GQA=0: the prefill kernel's tiles hold one query head each (A/B measurements)
 PREFILL_PACK_GQA = os.environ.get("EMBER_PREFILL_PACK_GQA", "1") != "0"

@@ -7,18 +7,16 @@ cos/sin table (the reference rounds cos/sin to the model dtype first), so bf16 r
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
+from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # EMBER_PREPARE_QKV_CONFIG="q_parts,num_warps": the launch for every step (A/B measurements in a real run)
-_cfg = os.environ.get("EMBER_PREPARE_QKV_CONFIG")
-PREPARE_QKV_CONFIG = dict(zip(("q_parts", "num_warps"), map(int, _cfg.split(",")))) if _cfg else None
+PREPARE_QKV_CONFIG = env_launch("EMBER_PREPARE_QKV_CONFIG", ("q_parts", "num_warps"))
 
 
 @triton.jit

@@ -7,23 +7,21 @@ returns the first NaN; the two differ only when an inf comes before it).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
 from ember.ops.triton.attention import _num_sms
+from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # BLOCK: columns per program per iteration; PROGRAMS_PER_SM: the chunk programs over the whole batch per SM. Timed
 # after the LM head GEMM on an H200 (benchmarks/small_kernels.py, 256 x 151,936): 2048 columns, 8 warps and 4
 # programs per SM (3 chunks per row) took 32.4 us, the earlier 4 warps and 16 per SM 58.0 us; all of the ten fastest
 # of 32 had 8 warps and 4-8 per SM. EMBER_ARGMAX_CONFIG="BLOCK,num_warps,PROGRAMS_PER_SM" replaces it, for measuring.
-ARGMAX_CONFIG = dict(BLOCK=2048, num_warps=8, PROGRAMS_PER_SM=4)
-if _cfg := os.environ.get("EMBER_ARGMAX_CONFIG"):
-    ARGMAX_CONFIG = dict(zip(("BLOCK", "num_warps", "PROGRAMS_PER_SM"), map(int, _cfg.split(","))))
+ARGMAX_CONFIG = (env_launch("EMBER_ARGMAX_CONFIG", ("BLOCK", "num_warps", "PROGRAMS_PER_SM"))
+                 or dict(BLOCK=2048, num_warps=8, PROGRAMS_PER_SM=4))
 # fewer rows keep torch.argmax: one launch against two, and the 64 us measured was at batch 256
 MIN_ROWS = 16
 MAX_CHUNKS = 64  # chunks per row; the second kernel reads a fixed 64, so one variant serves every row count
