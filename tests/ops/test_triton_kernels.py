@@ -47,6 +47,32 @@ def test_rms_norm_and_fused_add(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_rms_norm_then_residual_add(dtype, scale, unit_offset):
+    # a sandwich norm's output: residual + norm(x), times Gemma 4's per-layer scale
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 300, generator=g).to(DEVICE, dtype)
+    r = torch.randn(5, 300, generator=g).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(300, generator=g)).to(DEVICE, dtype)
+    s = torch.tensor([0.7], dtype=dtype, device=DEVICE) if scale else None
+    out = tri.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
+    ref = ref_norm.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
+    close(out, ref, dtype)
+    assert not torch.equal(out, r) and (not scale or not torch.allclose(out, r + ref_norm.rms_norm(x, w, 1e-6, unit_offset)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])
+def test_act_mul_with_a_strided_up(dtype, act):
+    # Gemma 4's per-layer input gate: up is one layer's slice of [T, L, P] per-layer inputs
+    g = torch.Generator().manual_seed(4)
+    gate = torch.randn(6, 200, generator=g).to(DEVICE, dtype)
+    up = torch.randn(6, 3, 200, generator=g).to(DEVICE, dtype)[:, 1]
+    close(tri.act_mul(gate, up, act), ref_act.act_mul(gate, up, act), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", [None, dict(BLOCK=128, ROWS=2, num_warps=4), dict(BLOCK=256, ROWS=4, num_warps=8)])
 def test_silu_and_mul(dtype, config):
     # tiles that cover several rows and leave partial ones at both edges (5 rows, 300 columns)
@@ -86,6 +112,38 @@ def test_prepare_qkv(dtype, heads, kv_heads, head_dim, rot_dim, norm, config):
     close(q_tri, q_ref, dtype)
     close(pools[1], pools[0], dtype)
     assert torch.equal(pools[1] == 7.0, pools[0] == 7.0)  # exactly the same slots written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["v_norm", "k_as_v", "q_only"])
+@pytest.mark.parametrize("rot_dim", [32, 8])
+@pytest.mark.parametrize("config", [None, dict(q_parts=1, num_warps=2), dict(q_parts=0, num_warps=4)],
+                         ids=["default", "q1", "one_program"])
+def test_prepare_qkv_gemma4_variants(dtype, variant, rot_dim, config):
+    """Gemma 4: v RMS-normalised without a weight; global layers with K = V (no v part: v is k as projected);
+    KV-shared layers (q alone, nothing written)."""
+    g = torch.Generator().manual_seed(len(variant) + rot_dim)
+    heads, kv_heads, head_dim, num_tokens, num_blocks = 4, 2, 32, 7, 5
+    kv_parts = {"v_norm": 2, "k_as_v": 1, "q_only": 0}[variant]
+    qkv = torch.randn(num_tokens, (heads + kv_parts * kv_heads) * head_dim, generator=g).to(DEVICE, dtype)
+    positions = torch.randint(0, 200, (num_tokens,), generator=g).to(DEVICE)
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=g)[:num_tokens].to(DEVICE)
+    qw = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype)
+    kw = (1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype)
+    pools = [torch.full((2, num_blocks, BLOCK_SIZE, kv_heads, head_dim), 7.0, dtype=dtype, device=DEVICE)
+             for _ in range(2)]
+    args = (heads, kv_heads if kv_parts else 0, qw, kw if kv_parts else None, 1e-6, _cos_sin(256, rot_dim), rot_dim,
+            True, variant == "k_as_v")
+    q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args)
+    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args, config=config)
+    close(q_tri, q_ref, dtype)
+    close(pools[1], pools[0], dtype)
+    written = (pools[0] != 7.0).any(-1).any(-1).sum().item()
+    assert written == (2 * num_tokens if kv_parts else 0)
+    assert torch.equal(pools[1] == 7.0, pools[0] == 7.0)
+    if kv_parts:  # the values are unit-RMS rows
+        v = pools[0].view(2, -1, kv_heads, head_dim)[1, slots]
+        assert torch.allclose(v.float().pow(2).mean(-1), torch.ones(()), atol=tol(dtype) * 10)
 
 
 def test_write_kv_skips_negative_slots():

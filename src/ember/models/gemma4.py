@@ -18,7 +18,6 @@ from torch import nn
 
 from ember import ops
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SharedKVSpec, SlidingWindowSpec
-from ember.ops.activation import get_activation
 from ember.layers.decoder import GatedMLP
 from ember.layers.linear import Linear, MergedLinear
 from ember.layers.loading import load_packed_weights
@@ -141,12 +140,6 @@ def args_from_hf(cfg: dict) -> Gemma4Args:
     )
 
 
-def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without a weight (Gemma 4's value norm), statistics in fp32."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class ScaledEmbedding(nn.Embedding):
     """Embedding times sqrt(dim), the scale rounded to the weight dtype as transformers does."""
 
@@ -180,21 +173,20 @@ class Gemma4Attention(nn.Module):
         self.kv_group = 0  # the KV group (block table) of this layer's cache, bound with it
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        return self.attend(positions, self.qkv_proj(x), meta)
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Everything after the qkv projection: q/k norms, the weightless v norm, rotary and the KV write (one
+        kernel on CUDA), attention, the output projection. Shared layers only norm and rotate q."""
+        num_tokens = qkv.shape[0]
         meta = meta.for_group(self.kv_group)
-        qkv = self.qkv_proj(x)
-        cos_sin, rot_dim = self.rotary.cos_sin(x.device), self.rotary.rot_dim
-        q = self.q_norm(qkv[:, :self.q_size].reshape(num_tokens, self.num_heads, self.head_dim))
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
-        if self.is_shared:
-            q, _ = ops.apply_rotary(positions, q, q[:, :1], cos_sin, rot_dim)
-        else:
-            k = qkv[:, self.q_size:self.q_size + self.kv_size].reshape(num_tokens, self.num_kv_heads, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size:].reshape(num_tokens, self.num_kv_heads, self.head_dim) \
-                if self.has_v_proj else k
-            q, k = ops.apply_rotary(positions, q, self.k_norm(k), cos_sin, rot_dim)
-            ops.write_kv(self.kv_cache, k, rms(v, self.eps), meta.slot_mapping)
-        out = ops.paged_attention(q, self.kv_cache, meta, 1.0, self.sliding_window)
+        out = ops.qkv_attention(
+            qkv, positions, self.kv_cache, meta, self.num_heads, 0 if self.is_shared else self.num_kv_heads,
+            self.q_norm.weight, None if self.is_shared else self.k_norm.weight, self.eps,
+            self.rotary.cos_sin(qkv.device), self.rotary.rot_dim, 1.0, self.sliding_window,
+            v_norm=True, k_as_v=not self.has_v_proj,
+        )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -218,12 +210,20 @@ class Gemma4DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata,
                 per_layer_input: torch.Tensor | None) -> torch.Tensor:
-        h = h + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(h), meta))
-        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
-        if self.has_ple:  # per-layer input: gate(h) * this layer's slice of the token's PLE, projected back
-            gated = get_activation(self.act)(self.per_layer_input_gate(h)) * per_layer_input
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
-        return h * self.layer_scalar
+        """Sandwich norms: each block's output is normed and then added to the residual stream (one kernel with
+        the add, ops.rms_norm_add), and the layer's output scale rides on the last of those adds."""
+        attn, mlp, eps = self.self_attn, self.mlp, self.post_attention_layernorm.eps
+        qkv, _ = attn.qkv_proj.forward_normed(h, None, self.input_layernorm)
+        h = ops.rms_norm_add(attn.attend(positions, qkv, meta), h, self.post_attention_layernorm.weight, eps)
+        gate_up, _ = mlp.gate_up_proj.forward_normed(h, None, self.pre_feedforward_layernorm)
+        scale = None if self.has_ple else self.layer_scalar
+        h = ops.rms_norm_add(mlp.down_proj(gate_up, act=mlp.act), h, self.post_feedforward_layernorm.weight, eps,
+                             scale=scale)
+        if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back
+            gated = ops.act_mul(self.per_layer_input_gate(h), per_layer_input, self.act)
+            h = ops.rms_norm_add(self.per_layer_projection(gated), h, self.post_per_layer_input_norm.weight, eps,
+                                 scale=self.layer_scalar)
+        return h
 
 
 class Gemma4Model(nn.Module):

@@ -7,7 +7,7 @@ import importlib
 import os
 from typing import Callable
 
-from ember.ops import attention, gated_delta, gemm, norm, reduce
+from ember.ops import activation, attention, gated_delta, gemm, norm, reduce
 from ember.ops.rotary import apply_rotary
 
 USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
@@ -41,6 +41,8 @@ prepare_qkv = _select("prepare_qkv", attention.prepare_qkv)
 qkv_attention = _select("qkv_attention", attention.qkv_attention)
 rms_norm = _select("rms_norm", norm.rms_norm)
 add_rms_norm = _select("add_rms_norm", norm.add_rms_norm)
+rms_norm_add = _select("rms_norm_add", norm.rms_norm_add)
+act_mul = _select("act_mul", activation.act_mul)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
@@ -48,6 +50,6 @@ gated_linear_parts = _select("gated_linear_parts", gemm.gated_linear_parts)
 rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 row_argmax = _select("row_argmax", reduce.row_argmax)
 
-__all__ = ["add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "gated_linear_parts", "linear",
-           "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_linear", "row_argmax",
-           "triton_enabled", "write_kv"]
+__all__ = ["act_mul", "add_rms_norm", "apply_rotary", "gated_delta_decode", "gated_linear", "gated_linear_parts",
+           "linear", "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_linear",
+           "row_argmax", "triton_enabled", "write_kv"]

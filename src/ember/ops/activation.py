@@ -24,6 +24,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    """act(gate) * up for separate gate and up tensors of one shape (Gemma 4's per-layer input gate), rounded as
+    gated() rounds."""
+    return get_activation(act)(gate) * up
+
+
 def gated(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """act(gate) * up, [..., 2 * I] -> [..., I], rounded to the input dtype after the activation and the product."""
     gate, up = gate_up.chunk(2, dim=-1)

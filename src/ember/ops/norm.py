@@ -15,6 +15,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     return weight * xf.to(dtype)
 
 
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight (Gemma 4's value norm), statistics in float32."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 unit_offset: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + rms_norm(x), times scale if given: a sandwich-norm block's output norm and the residual add after
+    it (Gemma), with Gemma 4's per-layer output scale ([1] tensor) on the sum. Each step rounds to x's dtype."""
+    out = residual + rms_norm(x, weight, eps, unit_offset)
+    return out if scale is None else out * scale
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the pre-norm block's residual add and the next norm in one op."""

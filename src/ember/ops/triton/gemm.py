@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ember.ops.activation import gated
-from ember.ops.triton.activation import silu_and_mul
+from ember.ops.triton.activation import ACT_CODES, act_fn, silu_and_mul
 from ember.ops.triton import pdl
 from ember.ops.triton.norm import add_rms_norm, rms_norm
 from ember.ops.triton.pdl import release_dependents, wait_prior
@@ -35,7 +35,6 @@ from ember.ops.triton.pdl import release_dependents, wait_prior
 # gap (qkv 5.2 vs 6.9 us); on bandwidth-bound ones the extra L2 traffic costs more (qwen3-8b gate_up 56.5 vs 52.2
 # us), so those run the norm kernel and then the GEMV.
 NORM_FUSE_MAX_WEIGHT = 8 * 2**20  # elements
-ACT_CODES = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_new": 2, "gelu": 3}
 # A gated MLP's down projection before the next residual add + RMSNorm, at decode batch sizes: cuBLAS runs
 # qwen3-8b's (K=12288) as a split-K GEMM plus a reduce kernel, and the norm kernel then reads the reduced output.
 # Splitting K ourselves (a batched GEMM into float32 partials) and summing the partials in the norm kernel saves
@@ -44,16 +43,6 @@ ACT_CODES = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_new": 2, "gelu": 3}
 # (prefill) do not split in cuBLAS, and the float32 partials would only add traffic. EMBER_SPLIT_K_PARTS=0: off.
 SPLIT_K_PARTS = int(os.environ.get("EMBER_SPLIT_K_PARTS", "2"))
 SPLIT_K_ROWS = (128, 512)
-
-
-@triton.jit
-def _act(x, ACT: tl.constexpr):
-    if ACT == 1:
-        return x * tl.sigmoid(x)
-    elif ACT == 2:  # tanh approximation: 0.5 x (1 + tanh(u)) = x * sigmoid(2u)
-        return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
-    else:
-        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
 
 
 @triton.jit
@@ -100,7 +89,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
                 x = ((x.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
         elif ACT != 0:
             up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
-            x = (_act(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
+            x = (act_fn(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
         acc += x.to(tl.float32)[None, :] * w.to(tl.float32)
         k_next = k + BLOCK_K  # all masked on the last iteration: no memory traffic
         w = tl.load(w_rows + k_next[None, :], mask=n_mask[:, None] & (k_next < K)[None, :], other=0.0)

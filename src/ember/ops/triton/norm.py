@@ -1,4 +1,5 @@
-"""RMSNorm, optionally fused with the residual add before it: one kernel, one pass over each row.
+"""RMSNorm, optionally fused with the residual add before it (pre-norm blocks) or after it (sandwich norms:
+residual + norm(x), then an optional per-layer scale): one kernel, one pass over each row.
 
 Rounding follows the torch reference (ember.ops.norm): the residual sum and the normalised value are rounded to
 the input dtype where torch rounds them, so the kernel and the reference agree to the last bit in most rows.
@@ -19,10 +20,11 @@ WARPS_OVERRIDE = int(os.environ.get("EMBER_NORM_WARPS", "0"))
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, n_cols, eps,
                      stride_x, stride_r, stride_o, stride_ro, stride_part,
                      BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                     NUM_PARTS: tl.constexpr, USE_PDL: tl.constexpr):
+                     NUM_PARTS: tl.constexpr, POST_ADD: tl.constexpr, HAS_SCALE: tl.constexpr,
+                     USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -47,31 +49,45 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
         y = xf * rstd * (1.0 + w)
     else:
         y = (xf * rstd).to(dtype).to(tl.float32) * w
-    tl.store(out_ptr + row * stride_o + offs, y.to(dtype), mask=mask)
+    y = y.to(dtype)
+    if POST_ADD:  # residual + norm(x) [* scale], each rounded as the torch reference rounds it
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (y.to(tl.float32) + r).to(dtype)
+        if HAS_SCALE:
+            y = (y.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            unit_offset: bool, parts: torch.Tensor | None = None, num_warps: int | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype)."""
+            unit_offset: bool, parts: torch.Tensor | None = None, num_warps: int | None = None,
+            post_add: bool = False, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype).
+    post_add: the residual is added to the norm's output (residual + norm(x), times scale if given) instead of to
+    x before it; the sum is the only output."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n) if parts is None else parts
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device).view(-1, n)
     res2 = residual.reshape(-1, n) if residual is not None else out
-    res_out = torch.empty_like(out) if residual is not None else out
+    res_out = torch.empty_like(out) if residual is not None and not post_add else out
     block = triton.next_power_of_2(n)
     num_warps = num_warps or WARPS_OVERRIDE or (4 if block <= 2048 else 8)
     _rms_norm_kernel[(out.shape[0],)](
-        x2, res2, weight, out, res_out, n, eps, x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0),
-        x2.stride(0) if parts is not None else 0,
-        BLOCK=block, HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset,
-        NUM_PARTS=parts.shape[0] if parts is not None else 0, num_warps=num_warps, **pdl.launch_args(x.device),
+        x2, res2, weight, out, res_out, scale if scale is not None else weight, n, eps,
+        x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0), x2.stride(0) if parts is not None else 0,
+        BLOCK=block, HAS_RESIDUAL=residual is not None and not post_add, UNIT_OFFSET=unit_offset,
+        NUM_PARTS=parts.shape[0] if parts is not None else 0, POST_ADD=post_add, HAS_SCALE=scale is not None,
+        num_warps=num_warps, **pdl.launch_args(x.device),
     )
-    return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
+    return out.view(x.shape), (res_out.view(x.shape) if residual is not None and not post_add else None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
     return _launch(x, None, weight, eps, unit_offset)[0]
+
+
+def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 unit_offset: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
+    return _launch(x, residual, weight, eps, unit_offset, post_add=True, scale=scale)[0]
 
 
 def is_split_k_parts(x: torch.Tensor, residual: torch.Tensor) -> bool:

@@ -1,6 +1,7 @@
 """The step between the qkv projection and attention in one kernel (one or two programs per token, prepare_config):
 per-head RMSNorm of q and k, neox rotary on q and k, q written back in place, k and v written into the paged KV
-pool (slots < 0 skipped).
+pool (slots < 0 skipped). Gemma 4's variants too: v RMS-normalised without a weight, v taken from k as projected
+(no v part), or q alone (a layer reading another layer's KV).
 
 Same contract as ember.ops.attention.prepare_qkv / write_kv. Rotary is computed in float32 from the float32
 cos/sin table (the reference rounds cos/sin to the model dtype first), so bf16 results differ by rounding only.
@@ -57,17 +58,19 @@ def _prepare_qkv_kernel(
     eps, stride_t, stride_slot, num_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
     ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr,
+    HAS_KV: tl.constexpr, V_NORM: tl.constexpr, K_AS_V: tl.constexpr,
     Q_PARTS: tl.constexpr, KV_PART: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, parts): parts 0..Q_PARTS-1 each take num_heads / Q_PARTS query heads, part KV_PART the keys
-    and values (KV_PART = 0 with Q_PARTS = 1: one program per token does everything)."""
+    and values (KV_PART = 0 with Q_PARTS = 1: one program per token does everything). HAS_KV off: q alone.
+    V_NORM: v RMS-normalised without a weight; K_AS_V: the row holds no v part and v is k as projected."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     row = qkv_ptr + t * stride_t
     k_row = row + num_heads * HEAD_DIM
-    v_row = k_row + num_kv_heads * HEAD_DIM
+    v_row = k_row if K_AS_V else k_row + num_kv_heads * HEAD_DIM
     offs_d = tl.arange(0, D_PAD)
     d_mask = offs_d < HEAD_DIM
     cos_ptr = cos_sin_ptr
@@ -82,7 +85,7 @@ def _prepare_qkv_kernel(
             offs_hq = tl.arange(0, HQ_PAD)
             q_mask = (offs_hq < part_heads)[:, None] & d_mask[None, :]
             tl.store(q_row + offs_hq[:, None] * HEAD_DIM + offs_d[None, :], q.to(row.dtype.element_ty), mask=q_mask)
-    if part == KV_PART:
+    if HAS_KV and part == KV_PART:
         offs_hk = tl.arange(0, HKV_PAD)
         kv_mask = (offs_hk < num_kv_heads)[:, None] & d_mask[None, :]
         kv_offs = offs_hk[:, None] * HEAD_DIM + offs_d[None, :]
@@ -92,6 +95,10 @@ def _prepare_qkv_kernel(
         else:
             k = tl.load(k_row + kv_offs, mask=kv_mask, other=0.0)
         v = tl.load(v_row + kv_offs, mask=kv_mask, other=0.0)
+        if V_NORM:
+            vf = v.to(tl.float32)
+            v = vf * (1.0 / tl.sqrt(tl.sum(vf * vf, axis=1) / HEAD_DIM + eps))[:, None]
+            v = v.to(row.dtype.element_ty)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
             cache_dtype = k_cache_ptr.dtype.element_ty
@@ -116,11 +123,14 @@ def prepare_config(num_tokens: int) -> dict:
 
 
 def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_w, k_w, eps,
-            cos_sin, rot_dim, do_qk: bool, config: dict | None = None) -> None:
+            cos_sin, rot_dim, do_qk: bool, config: dict | None = None, v_norm: bool = False,
+            k_as_v: bool = False) -> None:
     num_tokens = qkv.shape[0]
     head_dim = kv_cache.shape[-1]
     assert kv_cache[0].is_contiguous() and qkv.stride(-1) == 1
     has_norm, has_rope = q_w is not None, cos_sin is not None
+    # q and k share the norm flag: both normed (Qwen3, Gemma 4) or neither; a q-only launch has no k
+    assert not num_kv_heads or (k_w is not None) == has_norm, "q and k norm weights come together"
     dummy = qkv  # never read when the matching flag is off
     if num_tokens == 0:
         return
@@ -128,7 +138,8 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
     q_parts = cfg.pop("q_parts") if do_qk else 0
     if q_parts and num_heads % q_parts:
         q_parts = 0
-    grid = (num_tokens, q_parts + 1 if q_parts else 1)
+    has_kv = num_kv_heads > 0
+    grid = (num_tokens, (q_parts + has_kv) if q_parts else 1)
     _prepare_qkv_kernel[grid](
         qkv, positions if has_rope else dummy, slot_mapping, kv_cache[0], kv_cache[1],
         q_w if has_norm else dummy, k_w if has_norm else dummy, cos_sin if has_rope else dummy,
@@ -136,18 +147,19 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
         HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(max(1, num_heads // max(1, q_parts))),
         HKV_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
         ROT_DIM=rot_dim if has_rope else 0, HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk,
-        Q_PARTS=max(1, q_parts), KV_PART=q_parts, num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
+        HAS_KV=has_kv, V_NORM=v_norm, K_AS_V=k_as_v, Q_PARTS=max(1, q_parts), KV_PART=q_parts, num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
     )
 
 
 def prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
                 num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
                 k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
-                cos_sin: torch.Tensor | None = None, rot_dim: int = 0, config: dict | None = None) -> torch.Tensor:
+                cos_sin: torch.Tensor | None = None, rot_dim: int = 0, v_norm: bool = False, k_as_v: bool = False,
+                config: dict | None = None) -> torch.Tensor:
     head_dim = kv_cache.shape[-1]
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     _launch(qkv, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight,
-            norm_eps, cos_sin, rot_dim, do_qk=True, config=config)
+            norm_eps, cos_sin, rot_dim, do_qk=True, config=config, v_norm=v_norm, k_as_v=k_as_v)
     # q was rewritten in place: a strided view of the qkv rows
     return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
 
