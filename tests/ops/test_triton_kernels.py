@@ -60,6 +60,13 @@ def test_rms_norm_then_residual_add(dtype, scale, unit_offset):
     ref = ref_norm.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
     close(out, ref, dtype)
     assert not torch.equal(out, r) and (not scale or not torch.allclose(out, r + ref_norm.rms_norm(x, w, 1e-6, unit_offset)))
+    # and the next block's input norm of that sum, in the same kernel
+    w2 = (1 + 0.1 * torch.randn(300, generator=g)).to(DEVICE, dtype)
+    normed, h = tri.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, unit_offset, s)
+    ref_normed, ref_h = ref_norm.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, unit_offset, s)
+    close(h, ref_h, dtype)
+    close(normed, ref_normed, dtype)
+    close(h, out, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -208,22 +208,23 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = Linear(a.hidden_size_per_layer_input, h)
             self.post_per_layer_input_norm = RMSNorm(h, eps)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata,
-                per_layer_input: torch.Tensor | None) -> torch.Tensor:
-        """Sandwich norms: each block's output is normed and then added to the residual stream (one kernel with
-        the add, ops.rms_norm_add), and the layer's output scale rides on the last of those adds."""
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata,
+                per_layer_input: torch.Tensor | None, next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: the residual stream; x: this layer's input norm of it. Returns (h, next_norm(h)), next_norm being the
+        next layer's input norm or the final one. Sandwich norms: each block's output is normed and added to the
+        residual stream, in one kernel with the next norm where one follows (ops.rms_norm_add_rms_norm); the
+        layer's output scale rides on its last add."""
         attn, mlp, eps = self.self_attn, self.mlp, self.post_attention_layernorm.eps
-        qkv, _ = attn.qkv_proj.forward_normed(h, None, self.input_layernorm)
-        h = ops.rms_norm_add(attn.attend(positions, qkv, meta), h, self.post_attention_layernorm.weight, eps)
-        gate_up, _ = mlp.gate_up_proj.forward_normed(h, None, self.pre_feedforward_layernorm)
-        scale = None if self.has_ple else self.layer_scalar
-        h = ops.rms_norm_add(mlp.down_proj(gate_up, act=mlp.act), h, self.post_feedforward_layernorm.weight, eps,
-                             scale=scale)
+        x, h = ops.rms_norm_add_rms_norm(attn.attend(positions, attn.qkv_proj(x), meta), h,
+                                         self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight,
+                                         eps)
+        out, out_norm = mlp.down_proj(mlp.gate_up_proj(x), act=mlp.act), self.post_feedforward_layernorm
         if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back
+            h = ops.rms_norm_add(out, h, out_norm.weight, eps)
             gated = ops.act_mul(self.per_layer_input_gate(h), per_layer_input, self.act)
-            h = ops.rms_norm_add(self.per_layer_projection(gated), h, self.post_per_layer_input_norm.weight, eps,
-                                 scale=self.layer_scalar)
-        return h
+            out, out_norm = self.per_layer_projection(gated), self.post_per_layer_input_norm
+        x, h = ops.rms_norm_add_rms_norm(out, h, out_norm.weight, next_norm.weight, eps, scale=self.layer_scalar)
+        return h, x
 
 
 class Gemma4Model(nn.Module):
@@ -254,9 +255,11 @@ class Gemma4Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         per_layer = self.per_layer_inputs(input_ids, h) if self.ple_dim else None
-        for i, layer in enumerate(self.layers):
-            h = layer(positions, h, meta, per_layer[:, i] if per_layer is not None else None)
-        return self.norm(h)
+        x = self.layers[0].input_layernorm(h)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for i, (layer, next_norm) in enumerate(zip(self.layers, norms)):
+            h, x = layer(positions, h, x, meta, per_layer[:, i] if per_layer is not None else None, next_norm)
+        return x
 
 
 PACKED = {

@@ -29,6 +29,15 @@ def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return out if scale is None else out * scale
 
 
+def rms_norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                          eps: float, unit_offset: bool = False,
+                          scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h, next_weight), h) for h = rms_norm_add(x, residual, weight, eps, unit_offset, scale): a sandwich
+    block's output norm and residual add, then the next block's input norm, in one op."""
+    h = rms_norm_add(x, residual, weight, eps, unit_offset, scale)
+    return rms_norm(h, next_weight, eps, unit_offset), h
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the pre-norm block's residual add and the next norm in one op."""

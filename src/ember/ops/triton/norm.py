@@ -20,11 +20,23 @@ WARPS_OVERRIDE = int(os.environ.get("EMBER_NORM_WARPS", "0"))
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, n_cols, eps,
+def _normed(xf, w_ptr, offs, mask, n_cols, eps, dtype: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """RMSNorm of a float32 row, rounded to dtype as ember.ops.norm rounds it."""
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        y = xf * rstd * (1.0 + w)
+    else:
+        y = (xf * rstd).to(dtype).to(tl.float32) * w
+    return y.to(dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, w2_ptr, n_cols, eps,
                      stride_x, stride_r, stride_o, stride_ro, stride_part,
                      BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
                      NUM_PARTS: tl.constexpr, POST_ADD: tl.constexpr, HAS_SCALE: tl.constexpr,
-                     USE_PDL: tl.constexpr):
+                     NEXT_NORM: tl.constexpr, USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -42,43 +54,42 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, n_c
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if UNIT_OFFSET:
-        y = xf * rstd * (1.0 + w)
-    else:
-        y = (xf * rstd).to(dtype).to(tl.float32) * w
-    y = y.to(dtype)
+    y = _normed(x.to(tl.float32), w_ptr, offs, mask, n_cols, eps, dtype, UNIT_OFFSET)
     if POST_ADD:  # residual + norm(x) [* scale], each rounded as the torch reference rounds it
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         y = (y.to(tl.float32) + r).to(dtype)
         if HAS_SCALE:
             y = (y.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
+        if NEXT_NORM:  # the sum is the residual stream; the next block's input norm of it is the output
+            tl.store(res_out_ptr + row * stride_ro + offs, y, mask=mask)
+            y = _normed(y.to(tl.float32), w2_ptr, offs, mask, n_cols, eps, dtype, UNIT_OFFSET)
     tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
             unit_offset: bool, parts: torch.Tensor | None = None, num_warps: int | None = None,
-            post_add: bool = False, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            post_add: bool = False, scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype).
     post_add: the residual is added to the norm's output (residual + norm(x), times scale if given) instead of to
-    x before it; the sum is the only output."""
+    x before it; the sum is the only output, or with next_weight the second, after its own RMSNorm."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n) if parts is None else parts
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device).view(-1, n)
     res2 = residual.reshape(-1, n) if residual is not None else out
-    res_out = torch.empty_like(out) if residual is not None and not post_add else out
+    has_res_out = residual is not None and (not post_add or next_weight is not None)
+    res_out = torch.empty_like(out) if has_res_out else out
     block = triton.next_power_of_2(n)
     num_warps = num_warps or WARPS_OVERRIDE or (4 if block <= 2048 else 8)
     _rms_norm_kernel[(out.shape[0],)](
-        x2, res2, weight, out, res_out, scale if scale is not None else weight, n, eps,
+        x2, res2, weight, out, res_out, scale if scale is not None else weight,
+        next_weight if next_weight is not None else weight, n, eps,
         x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0), x2.stride(0) if parts is not None else 0,
         BLOCK=block, HAS_RESIDUAL=residual is not None and not post_add, UNIT_OFFSET=unit_offset,
         NUM_PARTS=parts.shape[0] if parts is not None else 0, POST_ADD=post_add, HAS_SCALE=scale is not None,
-        num_warps=num_warps, **pdl.launch_args(x.device),
+        NEXT_NORM=next_weight is not None, num_warps=num_warps, **pdl.launch_args(x.device),
     )
-    return out.view(x.shape), (res_out.view(x.shape) if residual is not None and not post_add else None)
+    return out.view(x.shape), (res_out.view(x.shape) if has_res_out else None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
@@ -88,6 +99,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
 def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  unit_offset: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
     return _launch(x, residual, weight, eps, unit_offset, post_add=True, scale=scale)[0]
+
+
+def rms_norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
+                          eps: float, unit_offset: bool = False,
+                          scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(x, residual, weight, eps, unit_offset, post_add=True, scale=scale, next_weight=next_weight)
 
 
 def is_split_k_parts(x: torch.Tensor, residual: torch.Tensor) -> bool:
