@@ -268,7 +268,7 @@ def interleaved_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: 
 def sweep_configs(batch: int, head_dim: int = 128):
     if head_dim > 128:  # wide heads: a [BLOCK_N, D] tile per stage for keys and for values; fewer, narrower tiles
         if batch <= 16:
-            for bn, w, splits in itertools.product((32, 64), (4, 8), (1, 2, 4, 8)):
+            for bn, w, splits in itertools.product((32, 64), (4, 8), (4, 8, 16)):
                 yield dict(num_splits=splits, BLOCK_N=bn, num_warps=w, num_stages=2, HEADS_FIRST=True)
             return
         for bn, w, s, splits in itertools.product((16, 32, 64), (2, 4, 8), (2, 3), (1, 2)):

@@ -215,6 +215,19 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [256, 512])
+@pytest.mark.parametrize("num_seqs", [1, 40])
+def test_paged_decode_wide_heads(dtype, head_dim, num_seqs):
+    """Gemma 4's 256- and 512-wide heads through the launch decode_config picks for them (on a GPU: 32-key tiles
+    for split launches, 8 warps or 32-key tiles for unsplit ones), over contexts past several tiles."""
+    context = [3 + (53 * i + 11) % 150 for i in range(num_seqs)]
+    q, pool, meta = _batch([1] * num_seqs, context, 8, 4, head_dim, dtype, 11 * num_seqs + 1)
+    scale = 1.0
+    ref = reference_attention(q, pool, meta, scale, None, None)
+    close(tri.paged_attention(q, pool, meta, scale, None, None), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tile", [(32, 1, 2), (128, 8, 3), (64, 4, 3), (16, 1, 2)])
 @pytest.mark.parametrize("window", [None, 70])
 def test_paged_decode_tuned_tiles(dtype, tile, window):
