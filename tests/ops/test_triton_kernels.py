@@ -59,7 +59,8 @@ def test_rms_norm_then_residual_add(dtype, scale, unit_offset):
     out = tri.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
     ref = ref_norm.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
     close(out, ref, dtype)
-    assert not torch.equal(out, r) and (not scale or not torch.allclose(out, r + ref_norm.rms_norm(x, w, 1e-6, unit_offset)))
+    unscaled = r + ref_norm.rms_norm(x, w, 1e-6, unit_offset)
+    assert not torch.equal(out, r) and (not scale or not torch.allclose(out, unscaled))
     # and the next block's input norm of that sum, in the same kernel
     w2 = (1 + 0.1 * torch.randn(300, generator=g)).to(DEVICE, dtype)
     normed, h = tri.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, unit_offset, s)
@@ -216,10 +217,10 @@ def test_paged_decode(dtype, heads, kv_heads, head_dim, window, softcap, num_seq
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [256, 512])
-@pytest.mark.parametrize("num_seqs", [1, 40])
+@pytest.mark.parametrize("num_seqs", [1, 40 if DEVICE == "cuda" else 5])  # 40: an unsplit launch on an H200
 def test_paged_decode_wide_heads(dtype, head_dim, num_seqs):
-    """Gemma 4's 256- and 512-wide heads through the launch decode_config picks for them (on a GPU: 32-key tiles
-    for split launches, 8 warps or 32-key tiles for unsplit ones), over contexts past several tiles."""
+    """Gemma 4's 256- and 512-wide heads through the launch decode_config picks for them (on a GPU: by whether
+    the launch is split and a window bounds the keys), over contexts past several tiles."""
     context = [3 + (53 * i + 11) % 150 for i in range(num_seqs)]
     q, pool, meta = _batch([1] * num_seqs, context, 8, 4, head_dim, dtype, 11 * num_seqs + 1)
     scale = 1.0

@@ -147,7 +147,8 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
         HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(max(1, num_heads // max(1, q_parts))),
         HKV_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
         ROT_DIM=rot_dim if has_rope else 0, HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk,
-        HAS_KV=has_kv, V_NORM=v_norm, K_AS_V=k_as_v, Q_PARTS=max(1, q_parts), KV_PART=q_parts, num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
+        HAS_KV=has_kv, V_NORM=v_norm, K_AS_V=k_as_v, Q_PARTS=max(1, q_parts), KV_PART=q_parts,
+        num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
     )
 
 
