@@ -25,12 +25,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor:
-    """act(gate) * up for separate gate and up tensors of one shape (Gemma 4's per-layer input gate), rounded as
-    gated() rounds."""
+    """act(gate) * up for gate and up tensors of one shape (Gemma 4's per-layer input gate; gated() over a fused
+    gate/up), rounded to the input dtype after the activation and the product."""
     return get_activation(act)(gate) * up
 
 
 def gated(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """act(gate) * up, [..., 2 * I] -> [..., I], rounded to the input dtype after the activation and the product."""
     gate, up = gate_up.chunk(2, dim=-1)
-    return get_activation(act)(gate) * up
+    return act_mul(gate, up, act)

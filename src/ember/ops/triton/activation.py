@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ember.ops import activation as reference
 from ember.ops.triton import pdl
 from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
@@ -73,8 +74,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor, act: str, c
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     if act not in ACT_CODES:
-        from ember.ops.activation import act_mul as reference
-        return reference(gate, up, act)
+        return reference.act_mul(gate, up, act)
     n = gate.shape[-1]
     g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)
     if g2.stride(-1) != 1:

@@ -347,7 +347,7 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
       128.2; at 64 sequences, ~4 programs per SM, it lost: 64 x 2048 144 vs 129). Inside a real run it gained more
       than alone: qwen3-8b 256 x 128 -> 256 decode steps 2,660 -> 2,590 ms, qwen3-0.6b +6.7% e2e.
     - Wide tiles with 8 warps at <= 2.5 programs per SM: 32 x 2048 68.5 vs 78.5, 32 x 512 21.4 vs 23.6.
-    The tuned tiles are for head dims up to 128 (a 256-wide head's accumulator and tiles would not fit them).
+    Those tiles are for head dims up to 128 (a 256-wide head's accumulator and tiles would not fit them).
     - Wider heads (Gemma 4's 256 and 512; gemma4-default heads, 2026-12-04, us): at 64 x 256, 256-wide 64 keys x 8
       warps x 3 stages 21.6 vs 27.4 with 4 warps, 512-wide 32 keys x 4 warps x 3 stages 39.4 vs 49.5 with 64 keys;
       split launches at batch 1, 16 splits: 32 keys x 4 warps 5.1 / 18.9 us at contexts 256 / 4096 (256-wide),
@@ -357,24 +357,26 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
     num_splits = decode_num_splits(num_seqs, num_kv_heads, device)
     cfg = dict(num_splits=num_splits, BLOCK_N=64 if on_gpu else 16, num_warps=4,
                num_stages=(3 if num_splits == 1 else 2) if on_gpu else 1, HEADS_FIRST=on_gpu)
-    if on_gpu and head_dim_pad > 128:
-        if num_splits > 1 and sliding_window and sliding_window <= 1024:
+    if not on_gpu:
+        return cfg
+    wide = head_dim_pad > 128
+    if num_splits > 1:
+        if wide and sliding_window and sliding_window <= 1024:
             cfg.update(BLOCK_N=32)
-        elif num_splits > 1:
+        elif wide:
             cfg.update(num_warps=8)
-        elif head_dim_pad == 256:
-            cfg.update(num_warps=8)
-        else:
-            cfg.update(BLOCK_N=32)
-    if on_gpu and num_splits == 1:
-        per_sm = num_seqs * num_kv_heads / _num_sms(device)
-        if head_dim_pad <= 128:
-            if per_sm >= 6:
-                cfg.update(BLOCK_N=32, num_warps=1, num_stages=2)
-            elif per_sm <= 2.5:
-                cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
-        if DECODE_TILE:
-            cfg.update(DECODE_TILE)
+        return cfg
+    per_sm = num_seqs * num_kv_heads / _num_sms(device)
+    if wide and head_dim_pad == 256:
+        cfg.update(num_warps=8)
+    elif wide:
+        cfg.update(BLOCK_N=32)
+    elif per_sm >= 6:
+        cfg.update(BLOCK_N=32, num_warps=1, num_stages=2)
+    elif per_sm <= 2.5:
+        cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
+    if DECODE_TILE:
+        cfg.update(DECODE_TILE)
     return cfg
 
 
