@@ -115,35 +115,7 @@ class GatedDeltaNet(nn.Module):
                                       st.read_slots, st.write_slots)
 
     def _prefill(self, mixed, beta, g, meta: AttentionMetadata) -> torch.Tensor:
-        st = meta.state
-        starts = meta.query_start_loc_cpu
-        core = mixed.new_zeros(mixed.shape[0], self.a.num_v_heads, self.a.head_v_dim)
-        for i in range(meta.num_seqs):
-            s, e = starts[i], starts[i + 1]
-            if e > s:
-                core[s:e] = self._prefill_one(mixed[s:e], beta[s:e], g[s:e], st.read_slots_cpu[i],
-                                              st.write_slots_cpu[i], st.snapshots_cpu[i])
-        return core
-
-    def _prefill_one(self, mixed, beta, g, read: int, write: int, snapshots) -> torch.Tensor:
-        conv, ssm = self.state["conv"], self.state["ssm"]
-        width = self.a.conv_kernel - 1
-        conv_in = conv[read] if read >= 0 else None
-        ssm_state = ssm[read].float() if read >= 0 else ssm.new_zeros(ssm.shape[1:], dtype=torch.float32)
-        out, window = gd.causal_conv1d(mixed, self.conv1d.weight[:, 0], conv_in)
-        q, k, v = self._split_heads(out)
-        # split the chunk where snapshots are due, so the state at each of those offsets is materialised
-        cuts = sorted({n for n, _ in snapshots} | {mixed.shape[0]})
-        outs, begin = [], 0
-        for cut in cuts:
-            o, ssm_state = gd.chunk_gated_delta_rule(q[begin:cut], k[begin:cut], v[begin:cut], g[begin:cut],
-                                                     beta[begin:cut], ssm_state)
-            outs.append(o)
-            for n, slot in snapshots:
-                if n == cut:
-                    conv[slot].copy_(window[:, cut:cut + width])
-                    ssm[slot].copy_(ssm_state)
-            begin = cut
-        conv[write].copy_(window[:, -width:])
-        ssm[write].copy_(ssm_state)
-        return torch.cat(outs)
+        # every sequence of the step at once; the chunk plan is built once per step and shared by the layers
+        plan = meta.state.chunk_plan(meta.query_start_loc_cpu, self.a.conv_kernel - 1, mixed.device)
+        return gd.gated_delta_prefill(mixed, self.conv1d.weight[:, 0], g, beta, self.state["conv"], self.state["ssm"],
+                                      plan, self.a.num_k_heads, scan=ops.gated_delta_chunk_scan)

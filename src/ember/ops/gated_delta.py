@@ -1,11 +1,14 @@
 """Reference (torch) ops of Gated DeltaNet layers (Yang et al., "Gated Delta Networks", arXiv:2412.06464), as
-transformers' Qwen3.5 implements them: the chunked gated delta rule for prefill, its single-step recurrent form
-for decode, and the short causal depthwise convolution with a carried state. The CPU path and the GPU oracle.
+transformers' Qwen3.5 implements them: the chunked gated delta rule for prefill (batched over every chunk of
+every sequence of a step), its single-step recurrent form for decode, and the short causal depthwise convolution
+with a carried state. The CPU path and the GPU oracle.
 
 Per head, with state S [Dk, Dv], decay a_t = exp(g_t) and write strength beta_t:
     S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T,    o_t = S_t^T q_t
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,25 +16,6 @@ import torch.nn.functional as F
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor,
-                  conv_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + SiLU over one sequence's chunk.
-
-    x: [L, C] this chunk's inputs; weight: [C, K]; conv_state: [C, K-1], the K-1 inputs before x, or None at the
-    start of a sequence (zeros). Returns ([L, C] outputs, [C, K-1+L] the inputs window, whose K-1 columns ending
-    at offset o are the state after o tokens of the chunk).
-    """
-    channels, width = weight.shape[0], weight.shape[1] - 1
-    xt = x.t().to(weight.dtype)
-    if conv_state is None:  # zero left padding inside the conv, bit for bit as transformers computes a prompt
-        out = F.conv1d(xt[None], weight[:, None, :], padding=width, groups=channels)[0, :, :x.shape[0]]
-        window = F.pad(xt, (width, 0))
-    else:
-        window = torch.cat([conv_state.to(weight.dtype), xt], dim=-1)  # [C, K-1+L]
-        out = F.conv1d(window[None], weight[:, None, :], groups=channels)[0]  # [C, L]
-    return F.silu(out).t().to(x.dtype), window
 
 
 def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,32 +32,158 @@ def _prepare(q, k, v, beta, g):
     return q, k, v.float(), beta.float(), g.float()
 
 
-def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                           state: torch.Tensor, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked (WY / UT-transform) form over one sequence, as transformers' torch_chunk_gated_delta_rule.
+@dataclass(slots=True)
+class ChunkPlan:
+    """Where one prefill step's tokens go in the batched (varlen) chunked form; built on the host once per step
+    and shared by the step's Gated DeltaNet layers.
 
-    q, k: [L, H, Dk]; v: [L, H, Dv]; g (log decay), beta: [L, H]; state: [H, Dk, Dv] fp32 (zeros at the start).
-    Returns ([L, H, Dv] outputs in v's dtype, [H, Dk, Dv] fp32 final state).
+    Each sequence's tokens are cut where a state is due (a snapshot, the end), and each piece is padded to whole
+    chunks: chunks never straddle a cut, so the state at every cut is a chunk's end state (a "saved row").
+    Padding tokens have k = v = beta = g = 0 and leave the state unchanged. The conv runs over one buffer that
+    holds, per sequence, its K-1 inputs before the chunk and then its tokens.
     """
-    out_dtype = v.dtype
-    length = q.shape[0]
-    q, k, v, beta, g = _prepare(q, k, v, beta, g)
-    # [H, L, ...] and pad L to a multiple of chunk_size
-    q, k, v = (x.transpose(0, 1) for x in (q, k, v))
-    beta, g = beta.t(), g.t()
-    pad = (chunk_size - length % chunk_size) % chunk_size
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
-    num_heads, num_chunks = q.shape[0], (length + pad) // chunk_size
 
-    def chunks(x):  # [H, L, D] -> [H, N, C, D]
-        return x.reshape(num_heads, num_chunks, chunk_size, x.shape[-1])
+    chunk_size: int
+    width: int  # the conv window kept as state: K - 1
+    num_chunks: int
+    num_rows: int  # saved rows: one per cut
+    seq_chunks_cpu: list[int]  # [S+1] chunk range of each sequence
+    seq_chunks: torch.Tensor  # the same, int32 on the device
+    save_after_cpu: list[int]  # [N] saved row taking the state after this chunk, or -1
+    save_after: torch.Tensor  # the same, int32 on the device
+    initial_rows: list[tuple[int, int]]  # (row, sequence): a cut before any token (offset 0) saves the start state
+    save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct
+    save_rows: torch.Tensor  # [M] int64 the saved row each slot copies
+    save_cols: torch.Tensor  # [M, width] conv buffer columns of each slot's window
+    reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
+    fresh: torch.Tensor  # [S, 1, 1] bool: starts from zeros (read < 0)
+    token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token
+    buffer_len: int
+    token_cols: torch.Tensor  # [T] conv buffer column of each token
+    state_cols: torch.Tensor  # [S, width] conv buffer columns of each sequence's window before the chunk
+
+    @classmethod
+    def build(cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int],
+              snapshots: list[tuple[tuple[int, int], ...]], width: int, device: torch.device,
+              chunk_size: int = 64) -> ChunkPlan:
+        seq_chunks, save_after, initial_rows = [0], [], []
+        save_slots, save_rows, save_cols, token_pos, token_cols, state_cols = [], [], [], [], [], []
+        buffer = num_rows = 0
+        for i, (start, end) in enumerate(zip(query_start_loc[:-1], query_start_loc[1:])):
+            length = end - start
+            state_cols.append(torch.arange(buffer, buffer + width))
+            if length > 0:  # a sequence with no tokens this step keeps its slots as they are
+                token_cols.append(torch.arange(buffer + width, buffer + width + length))
+                due: dict[int, list[int]] = {}
+                for offset, slot in snapshots[i]:
+                    due.setdefault(offset, []).append(slot)
+                due.setdefault(length, []).append(write_slots[i])
+                begin = 0
+                for cut in sorted(due):
+                    pieces = -(-(cut - begin) // chunk_size)
+                    token_pos.append(len(save_after) * chunk_size + torch.arange(cut - begin))
+                    save_after.extend([-1] * pieces)
+                    if pieces:
+                        save_after[-1] = num_rows
+                    else:
+                        initial_rows.append((num_rows, i))
+                    for slot in due[cut]:
+                        save_slots.append(slot)
+                        save_rows.append(num_rows)
+                        save_cols.append(torch.arange(buffer + cut, buffer + cut + width))
+                    num_rows += 1
+                    begin = cut
+            buffer += width + length
+            seq_chunks.append(len(save_after))
+
+        def dev(x, dtype=torch.int64):
+            return torch.as_tensor(x, dtype=dtype).to(device, non_blocking=True)
+
+        def cat(parts, empty_shape):
+            return dev(torch.cat(parts) if parts else torch.empty(empty_shape, dtype=torch.int64))
+
+        def stack(parts):
+            return dev(torch.stack(parts) if parts else torch.empty(0, width, dtype=torch.int64))
+
+        return cls(chunk_size, width, len(save_after), num_rows, seq_chunks, dev(seq_chunks, torch.int32),
+                   save_after, dev(save_after, torch.int32), initial_rows, dev(save_slots), dev(save_rows),
+                   stack(save_cols), dev([max(r, 0) for r in read_slots]),
+                   dev([r < 0 for r in read_slots], torch.bool)[:, None, None], cat(token_pos, (0,)), buffer,
+                   cat(token_cols, (0,)), stack(state_cols))
+
+
+def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                         plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
+    conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
+    [C, buffer_len] inputs buffer, whose columns plan.save_cols are the windows due)."""
+    channels, width = weight.shape[0], plan.width
+    buf = x.new_empty(channels, plan.buffer_len, dtype=weight.dtype)
+    start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
+    buf[:, plan.state_cols] = start.transpose(0, 1)
+    buf[:, plan.token_cols] = x.t().to(weight.dtype)
+    out = F.conv1d(buf[None], weight[:, None, :], groups=channels)[0]  # column j: the window ending at j + K-1
+    return F.silu(out[:, plan.token_cols - width]).t().to(x.dtype), buf
+
+
+def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
+               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequential part of the chunked rule: each sequence's chunks in order, carrying its state.
+
+    w (the decayed keys through the UT transform), q (decayed queries), k (keys decayed to the chunk end):
+    [N, H, C, Dk]; u (the chunk's new values): [N, H, C, Dv]; intra (masked, decayed q k^T): [N, H, C, C];
+    chunk_decay: [N, H]; initial: [S, H, Dk, Dv] fp32. Returns ([N, H, C, Dv] outputs, [num_rows, H, Dk, Dv]
+    the states after the chunks plan.save_after names). Step i runs chunk i of every sequence that has one.
+    """
+    out = torch.empty_like(u)
+    saved = initial.new_empty(plan.num_rows, *initial.shape[1:])
+    starts = plan.seq_chunks_cpu
+    counts = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    state = initial.clone()
+    for i in range(max(counts, default=0)):
+        seqs = [s for s, n in enumerate(counts) if n > i]
+        chunks = [starts[s] + i for s in seqs]
+        si, ci = (torch.tensor(x, device=u.device) for x in (seqs, chunks))
+        h = state[si]
+        v_new = u[ci] - w[ci] @ h
+        out[ci] = q[ci] @ h + intra[ci] @ v_new
+        h = h * chunk_decay[ci][..., None, None] + k[ci].transpose(-1, -2) @ v_new
+        state[si] = h
+        for j, c in enumerate(chunks):
+            if plan.save_after_cpu[c] >= 0:
+                saved[plan.save_after_cpu[c]] = h[j]
+    return out, saved
+
+
+def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        conv_state: torch.Tensor, ssm_state: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
+                        scan=chunk_scan) -> torch.Tensor:
+    """A prefill step's tokens (any number of sequences) through a Gated DeltaNet layer: the causal conv + SiLU,
+    the q/k/v heads and the chunked (WY / UT-transform) gated delta rule as transformers' torch_chunk_gated_delta_rule
+    computes each chunk, batched over every chunk of every sequence; only `scan` (chunk_scan, or a kernel with
+    its signature) runs the chunks in order. States start from the slots plan.reads names (zeros where fresh) and
+    the states due (snapshots, each sequence's working slot) are written into their slots.
+
+    mixed: [T, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay), beta: [T, Hv];
+    conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32. Returns [T, Hv, Dv] in
+    mixed's dtype. Every read happens before any write, so a sequence may read and write one slot.
+    """
+    num_v_heads, head_k, head_v = ssm_state.shape[1:]
+    size = plan.chunk_size
+    initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
+    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan)
+    q, k, v = split_heads(conv_out, num_k_heads, head_k, num_v_heads, head_v)
+    q, k, v, beta, g = _prepare(q, k, v, beta, g)
+
+    def chunks(x):  # [T, H, ...] -> [N, H, C, ...], zeros where no token is
+        padded = x.new_zeros(plan.num_chunks * size, *x.shape[1:])
+        padded[plan.token_pos] = x
+        return padded.reshape(plan.num_chunks, size, *x.shape[1:]).transpose(1, 2)
 
     v_beta, k_beta = chunks(v * beta[..., None]), chunks(k * beta[..., None])
-    q, k = chunks(q), chunks(k)
-    g = g.reshape(num_heads, num_chunks, chunk_size).cumsum(-1)  # cumulative log decay within a chunk
-    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [H, N, C, C]
+    q, k, g = chunks(q), chunks(k), chunks(g).cumsum(-1)  # g: [N, H, C] cumulative log decay within a chunk
+    upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(upper, float("-inf")).exp()  # [N, H, C, C]
     ut_system = (k_beta @ k.transpose(-1, -2)) * decay
     intra = (q @ k.transpose(-1, -2)) * decay
     # solve (I + strictly_lower(ut_system)) X = rhs: the UT transform condensing the chunk's delta-rule updates
@@ -81,15 +191,15 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)
     q = q * g.exp()[..., None]
     k = k * (g[..., -1:] - g).exp()[..., None]
-    chunk_decay = g[..., -1].exp()[..., None, None]  # [H, N, 1, 1]
-    out = torch.empty_like(new_values)
-    state = state.float()
-    for i in range(num_chunks):
-        v_new = new_values[:, i] - k_cumdecay[:, i] @ state
-        out[:, i] = q[:, i] @ state + intra[:, i] @ v_new
-        state = state * chunk_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
-    out = out.reshape(num_heads, -1, out.shape[-1])[:, :length].transpose(0, 1)
-    return out.to(out_dtype), state
+    out, saved = scan(k_cumdecay.contiguous(), new_values.contiguous(), q.contiguous(), k.contiguous(),
+                      intra.contiguous(), g[..., -1].exp().contiguous(), initial, plan)
+    for row, seq in plan.initial_rows:
+        saved[row] = initial[seq]
+    if plan.save_slots.numel():
+        ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
+        conv_state.index_copy_(0, plan.save_slots, buf[:, plan.save_cols].transpose(0, 1).to(conv_state.dtype))
+    out = out.transpose(1, 2).reshape(plan.num_chunks * size, num_v_heads, head_v)[plan.token_pos]
+    return out.to(mixed.dtype)
 
 
 def recurrent_gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

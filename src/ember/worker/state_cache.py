@@ -12,6 +12,7 @@ import torch
 
 from ember.engine.scheduler import ScheduledSeq
 from ember.kv.spec import LayerCacheSpec, RecurrentStateSpec
+from ember.ops.gated_delta import ChunkPlan
 
 
 @dataclass(slots=True)
@@ -25,6 +26,15 @@ class StateMetadata:
     snapshots_cpu: list[tuple[tuple[int, int], ...]]
     read_slots: torch.Tensor  # [B] int64 device copies for batched decode
     write_slots: torch.Tensor
+    _plan: ChunkPlan | None = None  # the prefill layout, built by the first layer that needs it
+
+    def chunk_plan(self, query_start_loc: list[int], width: int, device: torch.device) -> ChunkPlan:
+        """The step's batched chunk layout (ops.gated_delta.ChunkPlan); every Gated DeltaNet layer of a model has
+        the same conv width, so one plan serves the step."""
+        if self._plan is None or self._plan.width != width:
+            self._plan = ChunkPlan.build(query_start_loc, self.read_slots_cpu, self.write_slots_cpu,
+                                         self.snapshots_cpu, width, device)
+        return self._plan
 
     @classmethod
     def build(cls, seqs: list[ScheduledSeq], device: torch.device) -> StateMetadata | None:
