@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ember import ops
@@ -53,10 +52,7 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return ((self.weight * xf.to(dtype)) * F.silu(gate.float())).to(dtype)
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class DepthwiseConv(nn.Module):
@@ -95,14 +91,16 @@ class GatedDeltaNet(nn.Module):
         a = self.a
         num_tokens = x.shape[0]
         mixed, z = self.in_proj(x).split([a.conv_dim, a.value_dim], dim=-1)
-        beta = self.in_proj_b(x).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)  # log decay, <= 0
+        # g: fp32 log decay (<= 0), beta: write strength, both [num_tokens, Hv]
+        g, beta = ops.gdn_gating(self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
         assert self.state is not None and meta.state is not None, "state slots are bound and scheduled by the runner"
         if meta.is_decode_only:
             core = self._decode(mixed, beta, g, meta.state)
         else:
             core = self._prefill(mixed, beta, g, meta)
-        core = self.norm(core.reshape(-1, a.head_v_dim), z.reshape(-1, a.head_v_dim))
+        # [num_tokens, Hv, Dv]; z stays a view of the in_proj output (a reshape to rows would copy it)
+        core = self.norm(core.reshape(num_tokens, a.num_v_heads, a.head_v_dim),
+                         z.unflatten(-1, (a.num_v_heads, a.head_v_dim)))
         return self.out_proj(core.reshape(num_tokens, a.value_dim))
 
     def _split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""Reference gated activations over a fused [..., 2 * I] gate/up projection: act(gate) * up."""
+"""Reference gated activations over a fused [..., 2 * I] gate/up projection: act(gate) * up; and the elementwise
+gates of a Gated DeltaNet layer (softplus log decay, sigmoid write strength)."""
 from __future__ import annotations
 
 import torch
@@ -34,3 +35,12 @@ def gated(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """act(gate) * up, [..., 2 * I] -> [..., I], rounded to the input dtype after the activation and the product."""
     gate, up = gate_up.chunk(2, dim=-1)
     return act_mul(gate, up, act)
+
+
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+               dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gated DeltaNet layer's per-head gates from its projections a, b [T, Hv] (A_log, dt_bias: [Hv]), as
+    transformers' Qwen3.5 computes them: (g, beta) with g = -exp(A_log) * softplus(a + dt_bias) the log decay
+    (float32, <= 0) and beta = sigmoid(b) the write strength (in b's dtype)."""
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()

@@ -3,6 +3,7 @@ float32, the normalised value cast back to the input dtype before the weight mul
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
@@ -13,6 +14,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     if unit_offset:
         return (xf * (1.0 + weight.float())).to(dtype)
     return weight * xf.to(dtype)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(x, weight) * silu(gate) over the last dim, x and gate [..., N] (a Gated DeltaNet layer's output
+    norm, Qwen3_5RMSNormGated): the gate's SiLU and the product in float32, rounded to x's dtype once at the end."""
+    return (rms_norm(x, weight, eps) * F.silu(gate.float())).to(x.dtype)
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
