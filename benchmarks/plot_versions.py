@@ -2,7 +2,7 @@
 results: one panel per target with its threshold line. A version measured more than once (several runs or
 machines) shows the median with a whisker from its lowest to its highest run.
 
-    python benchmarks/plot_versions.py [--out benchmarks/results/2026-12-04-h200-versions.png]
+    python benchmarks/plot_versions.py [--out benchmarks/results/2026-12-05-h200-versions.png]
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ VERSIONS = [
     ("v14\n4 machines", ("2026-12-04-h200-gpu_decode-v14.json", ("2026-12-04-h200-v14b-gpu_decode.json", None),
                          ("2026-12-04-h200-v14a-fused-decode-ab.json", ("8b-def", "06b-def")),
                          ("2026-12-04-h200-v14c-prepare-qkv-ab.json", ("8b-def",)))),
+    ("v15\nmachine E", ("2026-12-04-h200-gpu_decode-v15a-1.json", "2026-12-04-h200-gpu_decode-v15a-2.json",
+             "2026-12-04-h200-gpu_decode-v15a-3.json", "2026-12-04-h200-gpu_decode-v15f-batch1.json")),
 ]
 TARGETS = [  # title, shape, batch, metric, threshold
     ("qwen3-8b, batch 1: decode tok/s", "qwen3-8b", 1, "decode_tok_s", 215),
@@ -70,7 +72,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(RESULTS / "2026-12-04-h200-versions.png"))
+    ap.add_argument("--out", default=str(RESULTS / "2026-12-05-h200-versions.png"))
     args = ap.parse_args()
     data = {label: load_rows(spec) for label, spec in VERSIONS}
     fig, axes = plt.subplots(2, 2, figsize=(14, 8))
