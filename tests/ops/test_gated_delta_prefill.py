@@ -95,6 +95,7 @@ def test_chunk_plan_layout():
     assert plan.token_pos[64:70].tolist() == list(range(64, 70)) and plan.token_pos[70:100].tolist() == list(
         range(128, 158))
     assert plan.token_pos[100:].tolist() == [192, 193, 194]
+    assert plan.chunk_first.tolist() == [0, 64, 70, 100] and plan.chunk_len.tolist() == [64, 6, 30, 3]
     # conv buffer: [3 state cols | 100 tokens] [3 state cols | 3 tokens]; a window due after n tokens ends at n
     assert plan.state_cols.tolist() == [[0, 1, 2], [103, 104, 105]]
     assert plan.save_cols[0].tolist() == [64, 65, 66] and plan.save_cols[3].tolist() == [106, 107, 108]
@@ -102,10 +103,12 @@ def test_chunk_plan_layout():
 
 
 @pytest.mark.parametrize("lengths,reads,writes,snapshots", CASES[1:3])
-def test_triton_chunk_scan_matches_reference(lengths, reads, writes, snapshots):
+@pytest.mark.parametrize("kernels", ["prepare", "scan", "both"])
+def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots, kernels):
+    """The Triton prepare and scan kernels, each alone and both, in place of the torch parts of the prefill."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
-    hk, hv, dk, dv, kernel = 2, 4, 8, 40, 4  # Dv over two program blocks
+    hk, hv, dk, dv, kernel = 2, 4, 8, 40, 4  # Dv over two scan program blocks
     weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=3)
     mixed, g, beta = make_tokens(sum(lengths), weight.shape[0], hv, seed=4)
     starts = [0]
@@ -114,8 +117,26 @@ def test_triton_chunk_scan_matches_reference(lengths, reads, writes, snapshots):
     args = [x.to(DEVICE) for x in (mixed, weight, g, beta)]
     plan = gd.ChunkPlan.build(starts, reads, writes, snapshots, kernel - 1, torch.device(DEVICE))
     states = [(conv_state.to(DEVICE).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
-    outs = [gd.gated_delta_prefill(*args, conv, ssm, plan, hk, scan=scan)
-            for (conv, ssm), scan in zip(states, (gd.chunk_scan, tri.gated_delta_chunk_scan))]
-    assert_close(outs[1], outs[0], 1e-5)
+    prepare = tri.gated_delta_chunk_prepare if kernels != "scan" else gd.chunk_prepare
+    scan = tri.gated_delta_chunk_scan if kernels != "prepare" else gd.chunk_scan
+    want = gd.gated_delta_prefill(*args, *states[0], plan, hk)
+    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan)
+    assert_close(out, want, 1e-5)
     assert_close(states[1][1], states[0][1], 1e-5)
     assert torch.equal(states[1][0], states[0][0])
+
+
+def test_triton_chunk_prepare_matches_reference():
+    """Each of the prepare kernel's outputs against the torch part, over chunks that end early (padding)."""
+    pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
+    from ember.ops import triton as tri
+    hk, hv, dk, dv = 1, 3, 12, 20
+    conv_dim = 2 * hk * dk + hv * dv
+    x, g, beta = (t.to(DEVICE) for t in make_tokens(100, conv_dim + 7, hv, seed=5))
+    x = x[:, :conv_dim]  # rows with a stride, as the conv output is not
+    plan = gd.ChunkPlan.build([0, 70, 100], [-1, -1], [0, 1], [((10, 2),), ()], 3, torch.device(DEVICE))
+    want = gd.chunk_prepare(x, g, beta, plan, hk, dk, dv)
+    got = tri.gated_delta_chunk_prepare(x, g, beta, plan, hk, dk, dv)
+    for name, a, b in zip(("w", "u", "q", "k", "intra", "chunk_decay"), got, want):
+        assert a.shape == b.shape, name
+        assert_close(a, b, 1e-5)

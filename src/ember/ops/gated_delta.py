@@ -58,6 +58,8 @@ class ChunkPlan:
     reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
     fresh: torch.Tensor  # [S, 1, 1] bool: starts from zeros (read < 0)
     token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token
+    chunk_first: torch.Tensor  # [N] int32 the first token of each chunk
+    chunk_len: torch.Tensor  # [N] int32 its number of tokens (<= chunk_size)
     buffer_len: int
     token_cols: torch.Tensor  # [T] conv buffer column of each token
     state_cols: torch.Tensor  # [S, width] conv buffer columns of each sequence's window before the chunk
@@ -66,7 +68,7 @@ class ChunkPlan:
     def build(cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int],
               snapshots: list[tuple[tuple[int, int], ...]], width: int, device: torch.device,
               chunk_size: int = 64) -> ChunkPlan:
-        seq_chunks, save_after, initial_rows = [0], [], []
+        seq_chunks, save_after, initial_rows, chunk_first, chunk_len = [0], [], [], [], []
         save_slots, save_rows, save_cols, token_pos, token_cols, state_cols = [], [], [], [], [], []
         buffer = num_rows = 0
         for i, (start, end) in enumerate(zip(query_start_loc[:-1], query_start_loc[1:])):
@@ -82,6 +84,8 @@ class ChunkPlan:
                 for cut in sorted(due):
                     pieces = -(-(cut - begin) // chunk_size)
                     token_pos.append(len(save_after) * chunk_size + torch.arange(cut - begin))
+                    chunk_first.extend(range(start + begin, start + cut, chunk_size))
+                    chunk_len.extend(min(chunk_size, cut - b) for b in range(begin, cut, chunk_size))
                     save_after.extend([-1] * pieces)
                     if pieces:
                         save_after[-1] = num_rows
@@ -108,8 +112,9 @@ class ChunkPlan:
         return cls(chunk_size, width, len(save_after), num_rows, seq_chunks, dev(seq_chunks, torch.int32),
                    save_after, dev(save_after, torch.int32), initial_rows, dev(save_slots), dev(save_rows),
                    stack(save_cols), dev([max(r, 0) for r in read_slots]),
-                   dev([r < 0 for r in read_slots], torch.bool)[:, None, None], cat(token_pos, (0,)), buffer,
-                   cat(token_cols, (0,)), stack(state_cols))
+                   dev([r < 0 for r in read_slots], torch.bool)[:, None, None], cat(token_pos, (0,)),
+                   dev(chunk_first, torch.int32), dev(chunk_len, torch.int32), buffer, cat(token_cols, (0,)),
+                   stack(state_cols))
 
 
 def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
@@ -123,7 +128,7 @@ def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torc
     buf[:, plan.state_cols] = start.transpose(0, 1)
     buf[:, plan.token_cols] = x.t().to(weight.dtype)
     out = F.conv1d(buf[None], weight[:, None, :], groups=channels)[0]  # column j: the window ending at j + K-1
-    return F.silu(out[:, plan.token_cols - width]).t().to(x.dtype), buf
+    return F.silu(out[:, plan.token_cols - width]).to(x.dtype).t().contiguous(), buf
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
@@ -155,30 +160,23 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     return out, saved
 
 
-def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                        conv_state: torch.Tensor, ssm_state: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
-                        scan=chunk_scan) -> torch.Tensor:
-    """A prefill step's tokens (any number of sequences) through a Gated DeltaNet layer: the causal conv + SiLU,
-    the q/k/v heads and the chunked (WY / UT-transform) gated delta rule as transformers' torch_chunk_gated_delta_rule
-    computes each chunk, batched over every chunk of every sequence; only `scan` (chunk_scan, or a kernel with
-    its signature) runs the chunks in order. States start from the slots plan.reads names (zeros where fresh) and
-    the states due (snapshots, each sequence's working slot) are written into their slots.
+def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
+                  head_k: int, head_v: int) -> tuple[torch.Tensor, ...]:
+    """The parallel part of the chunked rule, every chunk at once: per chunk and value head the l2-normed q/k,
+    the cumulative log decay, the UT transform's triangular solves and the masked intra-chunk q k^T, each as
+    transformers' torch_chunk_gated_delta_rule computes it for a chunk.
 
-    mixed: [T, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay), beta: [T, Hv];
-    conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32. Returns [T, Hv, Dv] in
-    mixed's dtype. Every read happens before any write, so a sequence may read and write one slot.
+    x: [T, conv_dim] the conv outputs (q, k, v heads); g (log decay), beta: [T, Hv]. Returns chunk_scan's inputs
+    (w, u, q, k, intra, chunk_decay), contiguous float32 [N, Hv, C, ...] (zeros where a chunk has no token).
     """
-    num_v_heads, head_k, head_v = ssm_state.shape[1:]
-    size = plan.chunk_size
-    initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
-    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan)
-    q, k, v = split_heads(conv_out, num_k_heads, head_k, num_v_heads, head_v)
+    num_v_heads, size = g.shape[-1], plan.chunk_size
+    q, k, v = split_heads(x, num_k_heads, head_k, num_v_heads, head_v)
     q, k, v, beta, g = _prepare(q, k, v, beta, g)
 
-    def chunks(x):  # [T, H, ...] -> [N, H, C, ...], zeros where no token is
-        padded = x.new_zeros(plan.num_chunks * size, *x.shape[1:])
-        padded[plan.token_pos] = x
-        return padded.reshape(plan.num_chunks, size, *x.shape[1:]).transpose(1, 2)
+    def chunks(t):  # [T, H, ...] -> [N, H, C, ...], zeros where no token is
+        padded = t.new_zeros(plan.num_chunks * size, *t.shape[1:])
+        padded[plan.token_pos] = t
+        return padded.reshape(plan.num_chunks, size, *t.shape[1:]).transpose(1, 2)
 
     v_beta, k_beta = chunks(v * beta[..., None]), chunks(k * beta[..., None])
     q, k, g = chunks(q), chunks(k), chunks(g).cumsum(-1)  # g: [N, H, C] cumulative log decay within a chunk
@@ -191,14 +189,32 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     k_cumdecay = torch.linalg.solve_triangular(ut_system, k_beta * g.exp()[..., None], upper=False, unitriangular=True)
     q = q * g.exp()[..., None]
     k = k * (g[..., -1:] - g).exp()[..., None]
-    out, saved = scan(k_cumdecay.contiguous(), new_values.contiguous(), q.contiguous(), k.contiguous(),
-                      intra.contiguous(), g[..., -1].exp().contiguous(), initial, plan)
+    return tuple(t.contiguous() for t in (k_cumdecay, new_values, q, k, intra, g[..., -1].exp()))
+
+
+def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        conv_state: torch.Tensor, ssm_state: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
+                        prepare=chunk_prepare, scan=chunk_scan) -> torch.Tensor:
+    """A prefill step's tokens (any number of sequences) through a Gated DeltaNet layer: the causal conv + SiLU,
+    the q/k/v heads and the chunked (WY / UT-transform) gated delta rule, batched over every chunk of every
+    sequence (`prepare`: chunk_prepare or a kernel with its signature); only `scan` (chunk_scan, or a kernel)
+    runs the chunks in order. States start from the slots plan.reads names (zeros where fresh) and the states
+    due (snapshots, each sequence's working slot) are written into their slots.
+
+    mixed: [T, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay), beta: [T, Hv];
+    conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32. Returns [T, Hv, Dv] in
+    mixed's dtype. Every read happens before any write, so a sequence may read and write one slot.
+    """
+    num_v_heads, head_k, head_v = ssm_state.shape[1:]
+    initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
+    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan)
+    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), initial, plan)
     for row, seq in plan.initial_rows:
         saved[row] = initial[seq]
     if plan.save_slots.numel():
         ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
         conv_state.index_copy_(0, plan.save_slots, buf[:, plan.save_cols].transpose(0, 1).to(conv_state.dtype))
-    out = out.transpose(1, 2).reshape(plan.num_chunks * size, num_v_heads, head_v)[plan.token_pos]
+    out = out.transpose(1, 2).reshape(plan.num_chunks * plan.chunk_size, num_v_heads, head_v)[plan.token_pos]
     return out.to(mixed.dtype)
 
 

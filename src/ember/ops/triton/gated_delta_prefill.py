@@ -1,13 +1,15 @@
-"""The sequential part of the chunked gated delta rule (prefill), with the signature of the torch reference
-ember.ops.gated_delta.chunk_scan: one launch runs every sequence's chunks in order, where the reference loops
-over chunk steps on the host.
+"""The chunked gated delta rule of a prefill step in two launches, with the signatures of the torch references
+ember.ops.gated_delta.chunk_prepare and chunk_scan (ops.gated_delta.gated_delta_prefill runs them in turn):
 
-Grid (sequence, value head, Dv block); each program holds its [Dk, BLOCK_V] slice of the state in registers in
-fp32 and, per chunk of its sequence (as flash-linear-attention's chunk_gated_delta_rule_fwd_h and chunk_fwd_o,
-fused):
-    v_new = u - w @ S;    o = q @ S + intra @ v_new;    S = S * decay + k^T @ v_new
-storing o and, where the plan saves the state after the chunk, S. Everything the chunks need in parallel (the
-UT transform, the masked intra-chunk products) is computed batched beforehand (ops.gated_delta.gated_delta_prefill).
+1. chunk_prepare, grid (chunk, value head): the chunk's tokens read straight from the conv output (the plan's
+   chunk_first / chunk_len; no padded copies), q/k l2-normed, the cumulative log decay, the masked and decayed
+   k_beta k^T and q k^T [C, C], the inverse of the unit lower-triangular (I + strictly_lower(k_beta k^T)) by
+   forward substitution on a [C, C] tile, and through it the UT transform: u = T (v beta), w = T (k beta e^g).
+2. chunk_scan, grid (sequence, value head, Dv block): each program holds its [Dk, BLOCK_V] slice of the state in
+   registers in fp32 and runs its sequence's chunks in order (as flash-linear-attention's
+   chunk_gated_delta_rule_fwd_h and chunk_fwd_o, fused):
+       v_new = u - w @ S;    o = q @ S + intra @ v_new;    S = S * decay + k^T @ v_new
+   storing o and, where the plan saves the state after the chunk, S.
 """
 from __future__ import annotations
 
@@ -58,6 +60,81 @@ def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, out
         if row >= 0:
             tl.store(saved_ptr + (row * num_heads + head).to(tl.int64) * HEAD_K * HEAD_V + state_tile, h,
                      mask=state_mask)
+
+
+@triton.jit
+def _chunk_prepare_kernel(x_ptr, g_ptr, beta_ptr, first_ptr, len_ptr, w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr,
+                          stride_x, stride_g, stride_beta, num_heads, scale,
+                          NUM_K_HEADS: tl.constexpr, HEAD_K: tl.constexpr, HEAD_V: tl.constexpr,
+                          CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    n = tl.program_id(0)
+    head = tl.program_id(1)
+    kh = head // (num_heads // NUM_K_HEADS)  # each key head serves consecutive value heads
+    c = tl.arange(0, CHUNK)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.arange(0, BLOCK_V)
+    k_mask, v_mask = dk < HEAD_K, dv < HEAD_V
+    first = tl.load(first_ptr + n)
+    row_mask = c < tl.load(len_ptr + n)
+    rows = (first + c).to(tl.int64)
+    x_rows = x_ptr + rows[:, None] * stride_x
+    q = tl.load(x_rows + kh * HEAD_K + dk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+    k = tl.load(x_rows + (NUM_K_HEADS + kh) * HEAD_K + dk[None, :], mask=row_mask[:, None] & k_mask[None, :],
+                other=0.0)
+    v = tl.load(x_rows + 2 * NUM_K_HEADS * HEAD_K + head * HEAD_V + dv[None, :],
+                mask=row_mask[:, None] & v_mask[None, :], other=0.0).to(tl.float32)
+    q, k = q.to(tl.float32), k.to(tl.float32)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None] * scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+    beta = tl.load(beta_ptr + rows * stride_beta + head, mask=row_mask, other=0.0).to(tl.float32)
+    g = tl.cumsum(tl.load(g_ptr + rows * stride_g + head, mask=row_mask, other=0.0).to(tl.float32), axis=0)
+    g_last = tl.sum(tl.where(c == CHUNK - 1, g, 0.0), axis=0)
+    causal = c[:, None] >= c[None, :]
+    decay = tl.where(causal, tl.exp(tl.where(causal, g[:, None] - g[None, :], 0.0)), 0.0)  # [C, C]
+    k_beta = k * beta[:, None]
+    lower = tl.where(c[:, None] > c[None, :],
+                     tl.dot(k_beta, tl.trans(k), input_precision=PRECISION) * decay, 0.0)
+    intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
+    # t = (I + lower)^-1, row by row: t[i] = e_i - sum_{j < i} lower[i, j] t[j] (rows past i are still e_j)
+    lower_t = tl.trans(lower)
+    t = tl.where(c[:, None] == c[None, :], 1.0, 0.0)
+    for i in range(1, CHUNK):
+        l_i = tl.sum(tl.where(c[None, :] == i, lower_t, 0.0), axis=1)  # l_i[j] = lower[i, j], over rows j
+        t_i = tl.where(c == i, 1.0, -tl.sum(l_i[:, None] * t, axis=0))
+        t = tl.where(c[:, None] == i, t_i[None, :], t)
+    u = tl.dot(t, v * beta[:, None], input_precision=PRECISION)
+    w = tl.dot(t, k_beta * tl.exp(g)[:, None], input_precision=PRECISION)
+    base = (n * num_heads + head).to(tl.int64) * CHUNK
+    out_k = (base + c[:, None]) * HEAD_K + dk[None, :]
+    tl.store(w_ptr + out_k, w, mask=k_mask[None, :])
+    tl.store(q_ptr + out_k, q * tl.exp(g)[:, None], mask=k_mask[None, :])
+    tl.store(k_ptr + out_k, k * tl.exp(g_last - g)[:, None], mask=k_mask[None, :])
+    tl.store(u_ptr + (base + c[:, None]) * HEAD_V + dv[None, :], u, mask=v_mask[None, :])
+    tl.store(a_ptr + (base + c[:, None]) * CHUNK + c[None, :], intra)
+    tl.store(decay_ptr + n * num_heads + head, tl.exp(g_last))
+
+
+def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
+                  head_k: int, head_v: int) -> tuple[torch.Tensor, ...]:
+    num_heads, chunk, num_chunks = g.shape[-1], plan.chunk_size, plan.num_chunks
+    assert x.shape[-1] == 2 * num_k_heads * head_k + num_heads * head_v and x.stride(-1) == 1
+    assert g.stride(-1) == 1 and beta.stride(-1) == 1 and num_heads % num_k_heads == 0
+    assert chunk >= 16 and chunk == triton.next_power_of_2(chunk), "tl.dot needs a power-of-two chunk of >= 16"
+    f32 = dict(dtype=torch.float32, device=x.device)
+    w, q, k = (torch.empty(num_chunks, num_heads, chunk, head_k, **f32) for _ in range(3))
+    u = torch.empty(num_chunks, num_heads, chunk, head_v, **f32)
+    intra = torch.empty(num_chunks, num_heads, chunk, chunk, **f32)
+    chunk_decay = torch.empty(num_chunks, num_heads, **f32)
+    if num_chunks:
+        _chunk_prepare_kernel[(num_chunks, num_heads)](
+            x, g, beta, plan.chunk_first, plan.chunk_len, w, u, q, k, intra, chunk_decay,
+            x.stride(0), g.stride(0), beta.stride(0), num_heads, head_k**-0.5,
+            NUM_K_HEADS=num_k_heads, HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk,
+            BLOCK_K=max(16, triton.next_power_of_2(head_k)), BLOCK_V=max(16, triton.next_power_of_2(head_v)),
+            PRECISION=PRECISION, num_warps=8,
+        )
+    return w, u, q, k, intra, chunk_decay
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
