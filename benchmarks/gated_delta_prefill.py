@@ -1,7 +1,8 @@
 """One Gated DeltaNet layer's prefill core (ops.gated_delta.gated_delta_prefill: conv, heads, the chunked delta
-rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op, the parallel
-part before the scan, and the chunk scan with each dot precision, with the error of each against the torch scan
-in float64. Cases: one long prompt, and many short ones (a batch's prefill step).
+rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op with the torch or
+the Triton parallel part (chunk_prepare), the conv, each part alone in torch and in Triton with each dot precision
+("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64. Cases: one long prompt,
+and many short ones (a batch's prefill step).
 
     python benchmarks/gated_delta_prefill.py [--cases 1x8192,64x128,256x128] [--out benchmarks/results/NAME]
 """
@@ -45,30 +46,33 @@ def case(seqs: int, length: int) -> dict:
     ssm_state = torch.zeros(NUM_SLOTS, HV, DK, DV, device=dev)
     starts = [i * length for i in range(seqs + 1)]
     plan = gd.ChunkPlan.build(starts, [-1] * seqs, list(range(seqs)), [()] * seqs, KERNEL - 1, dev)
-    # capture the scan's inputs once, through the op itself
-    captured = {}
+    conv_out, _ = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan)
+    prep_args = (conv_out, g, beta, plan, HK, DK, DV)
+    scan_args = gd.chunk_prepare(*prep_args)
+    initial = torch.zeros(seqs, HV, DK, DV, device=dev)  # the op calls below write ssm_state
+    want_prep = gd.chunk_prepare(*[t.double() if torch.is_tensor(t) else t for t in prep_args])
+    want, want_states = gd.chunk_scan(*want_prep, initial.double(), plan)
 
-    def capture(*args):
-        captured["args"] = args
-        return gd.chunk_scan(*args)
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
 
-    gd.gated_delta_prefill(mixed, weight, g, beta, conv_state, ssm_state, plan, HK, scan=capture)
-    args = captured["args"]
-    want, want_states = gd.chunk_scan(*[a.double() for a in args[:7]], plan)
     row = dict(seqs=seqs, length=length, tokens=tokens, chunks=plan.num_chunks)
-    row["op_ms"] = cuda_ms(lambda: gd.gated_delta_prefill(mixed, weight, g, beta, conv_state, ssm_state, plan, HK,
-                                                            scan=tri.chunk_scan))
-    row["parallel_part_ms"] = cuda_ms(lambda: gd.gated_delta_prefill(
-        mixed, weight, g, beta, conv_state, ssm_state, plan, HK,
-        scan=lambda w, u, *rest: (torch.empty_like(u), w.new_empty(plan.num_rows, HV, DK, DV))))
+    for name, prepare in (("torch", gd.chunk_prepare), ("triton", tri.chunk_prepare)):
+        row[f"op_{name}_prepare_ms"] = cuda_ms(lambda: gd.gated_delta_prefill(
+            mixed, weight, g, beta, conv_state, ssm_state, plan, HK, prepare=prepare, scan=tri.chunk_scan))
+    row["conv_ms"] = cuda_ms(lambda: gd.varlen_causal_conv1d(mixed, weight, conv_state, plan))
+    row["prepare_torch_ms"] = cuda_ms(lambda: gd.chunk_prepare(*prep_args))
     if plan.num_chunks <= 512:
-        row["torch_scan_ms"] = cuda_ms(lambda: gd.chunk_scan(*args), reps=2)
+        row["scan_torch_ms"] = cuda_ms(lambda: gd.chunk_scan(*scan_args, initial, plan), reps=2)
     for precision in ("ieee", "tf32x3", "tf32"):
         tri.PRECISION = precision
-        out, states = tri.chunk_scan(*args)
-        row[f"scan_{precision}_ms"] = cuda_ms(lambda: tri.chunk_scan(*args))
-        row[f"scan_{precision}_err"] = ((out.double() - want).norm() / want.norm()).item()
-        row[f"scan_{precision}_state_err"] = ((states.double() - want_states).norm() / want_states.norm()).item()
+        got = tri.chunk_prepare(*prep_args)
+        row[f"prepare_{precision}_ms"] = cuda_ms(lambda: tri.chunk_prepare(*prep_args))
+        row[f"prepare_{precision}_err"] = max(rel(a, b) for a, b in zip(got, want_prep))
+        out, states = tri.chunk_scan(*scan_args, initial, plan)
+        row[f"scan_{precision}_ms"] = cuda_ms(lambda: tri.chunk_scan(*scan_args, initial, plan))
+        row[f"scan_{precision}_err"] = rel(out, want)
+        row[f"scan_{precision}_state_err"] = rel(states, want_states)
     tri.PRECISION = "ieee"
     return row
 
@@ -84,12 +88,12 @@ def main() -> None:
         row = case(seqs, length)
         tqdm.write(json.dumps(row))
         rows.append(row)
-    print(f"{'case':>10} {'op ms':>8} {'parallel':>9} {'scan ieee':>10} {'tf32x3':>8} {'tf32':>8} "
-          f"{'err ieee':>9} {'tf32x3':>9} {'tf32':>9}")
+    cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "prepare_torch_ms", "prepare_ieee_ms",
+            "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms", "prepare_ieee_err",
+            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
+    print("case " + " ".join(cols))
     for r in rows:
-        print(f"{r['seqs']:>4}x{r['length']:<5} {r['op_ms']:8.3f} {r['parallel_part_ms']:9.3f} "
-              f"{r['scan_ieee_ms']:10.3f} {r['scan_tf32x3_ms']:8.3f} {r['scan_tf32_ms']:8.3f} "
-              f"{r['scan_ieee_err']:9.1e} {r['scan_tf32x3_err']:9.1e} {r['scan_tf32_err']:9.1e}")
+        print(f"{r['seqs']}x{r['length']} " + " ".join(f"{r.get(c, float('nan')):.3g}" for c in cols))
     if args.out:
         Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
 
