@@ -3,8 +3,9 @@ ember.ops.gated_delta.chunk_prepare and chunk_scan (ops.gated_delta.gated_delta_
 
 1. chunk_prepare, grid (chunk, value head): the chunk's tokens read straight from the conv output (the plan's
    chunk_first / chunk_len; no padded copies), q/k l2-normed, the cumulative log decay, the masked and decayed
-   k_beta k^T and q k^T [C, C], the inverse of the unit lower-triangular (I + strictly_lower(k_beta k^T)) by
-   forward substitution on a [C, C] tile, and through it the UT transform: u = T (v beta), w = T (k beta e^g).
+   k_beta k^T and q k^T [C, C], the inverse T of the unit lower-triangular (I + strictly_lower(k_beta k^T)) (its
+   16-row diagonal blocks by forward substitution, then the blocks below through a nilpotent series, in [C, C]
+   dots), and through it the UT transform: u = T (v beta), w = T (k beta e^g).
 2. chunk_scan, grid (sequence, value head, Dv block): each program holds its [Dk, BLOCK_V] slice of the state in
    registers in fp32 and runs its sequence's chunks in order (as flash-linear-attention's
    chunk_gated_delta_rule_fwd_h and chunk_fwd_o, fused):
@@ -96,13 +97,21 @@ def _chunk_prepare_kernel(x_ptr, g_ptr, beta_ptr, first_ptr, len_ptr, w_ptr, u_p
     lower = tl.where(c[:, None] > c[None, :],
                      tl.dot(k_beta, tl.trans(k), input_precision=PRECISION) * decay, 0.0)
     intra = tl.dot(q, tl.trans(k), input_precision=PRECISION) * decay
-    # t = (I + lower)^-1, row by row: t[i] = e_i - sum_{j < i} lower[i, j] t[j] (rows past i are still e_j)
-    lower_t = tl.trans(lower)
-    t = tl.where(c[:, None] == c[None, :], 1.0, 0.0)
-    for i in range(1, CHUNK):
-        l_i = tl.sum(tl.where(c[None, :] == i, lower_t, 0.0), axis=1)  # l_i[j] = lower[i, j], over rows j
-        t_i = tl.where(c == i, 1.0, -tl.sum(l_i[:, None] * t, axis=0))
-        t = tl.where(c[:, None] == i, t_i[None, :], t)
+    # t = (I + lower)^-1 in blocks of 16 rows. With lower = B + R (B its diagonal blocks, R the rest, below them):
+    # I + lower = (I + B)(I + D R) for D = (I + B)^-1, and N = D R is nilpotent over the CHUNK / 16 blocks, so
+    # t = (I - N + N^2 - ...) D. D by forward substitution, row i of every block at once: d[r] = e_r - (B d)[r]
+    # (rows past i are still e_j and B is strictly lower within its block).
+    eye = tl.where(c[:, None] == c[None, :], 1.0, 0.0)
+    same_block = (c[:, None] // 16) == (c[None, :] // 16)
+    diag_blocks = tl.where(same_block, lower, 0.0)
+    d = eye
+    for i in range(1, 16):
+        d = tl.where((c % 16 == i)[:, None], eye - tl.dot(diag_blocks, d, input_precision=PRECISION), d)
+    n_rest = tl.dot(d, tl.where(same_block, 0.0, lower), input_precision=PRECISION)
+    series = eye - n_rest
+    for _ in tl.static_range(CHUNK // 16 - 2):
+        series = eye - tl.dot(n_rest, series, input_precision=PRECISION)
+    t = tl.dot(series, d, input_precision=PRECISION)
     u = tl.dot(t, v * beta[:, None], input_precision=PRECISION)
     w = tl.dot(t, k_beta * tl.exp(g)[:, None], input_precision=PRECISION)
     base = (n * num_heads + head).to(tl.int64) * CHUNK
