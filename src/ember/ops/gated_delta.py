@@ -56,15 +56,15 @@ class ChunkPlan:
     initial_rows: list[tuple[int, int]]  # (row, sequence): a cut before any token (offset 0) saves the start state
     save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct
     save_rows: torch.Tensor  # [M] int64 the saved row each slot copies
-    save_cols: torch.Tensor  # [M, width] conv buffer columns of each slot's window
+    save_cols: torch.Tensor  # [M, width] conv buffer rows of each slot's window
     reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
     fresh: torch.Tensor  # [S, 1, 1] bool: starts from zeros (read < 0)
     token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token
     chunk_first: torch.Tensor  # [N] int32 the first token of each chunk
     chunk_len: torch.Tensor  # [N] int32 its number of tokens (<= chunk_size)
     buffer_len: int
-    token_cols: torch.Tensor  # [T] conv buffer column of each token
-    state_cols: torch.Tensor  # [S, width] conv buffer columns of each sequence's window before the chunk
+    token_cols: torch.Tensor  # [T] conv buffer row of each token
+    state_cols: torch.Tensor  # [S, width] conv buffer rows of each sequence's window before the chunk
 
     @classmethod
     def build(cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int],
@@ -123,14 +123,15 @@ def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torc
                          plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
     conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [C, buffer_len] inputs buffer, whose columns plan.save_cols are the windows due)."""
+    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due)."""
     channels, width = weight.shape[0], plan.width
-    buf = x.new_empty(channels, plan.buffer_len, dtype=weight.dtype)
+    buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
     start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
-    buf[:, plan.state_cols] = start.transpose(0, 1)
-    buf[:, plan.token_cols] = x.t().to(weight.dtype)
-    out = F.conv1d(buf[None], weight[:, None, :], groups=channels)[0]  # column j: the window ending at j + K-1
-    return F.silu(out[:, plan.token_cols - width]).to(x.dtype).t().contiguous(), buf
+    buf[plan.state_cols] = start.transpose(1, 2)
+    buf[plan.token_cols] = x.to(weight.dtype)
+    # column j of the output: the window ending at row j + K-1 of buf
+    out = F.conv1d(buf.t().contiguous()[None], weight[:, None, :], groups=channels)[0]
+    return F.silu(out.t().contiguous()[plan.token_cols - width]).to(x.dtype), buf
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
@@ -178,7 +179,7 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
     def chunks(t):  # [T, H, ...] -> [N, H, C, ...], zeros where no token is
         padded = t.new_zeros(plan.num_chunks * size, *t.shape[1:])
         padded[plan.token_pos] = t
-        return padded.reshape(plan.num_chunks, size, *t.shape[1:]).transpose(1, 2)
+        return padded.reshape(plan.num_chunks, size, *t.shape[1:]).transpose(1, 2).contiguous()
 
     v_beta, k_beta = chunks(v * beta[..., None]), chunks(k * beta[..., None])
     q, k, g = chunks(q), chunks(k), chunks(g).cumsum(-1)  # g: [N, H, C] cumulative log decay within a chunk
@@ -215,7 +216,7 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
         saved[row] = initial[seq]
     if plan.save_slots.numel():
         ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
-        conv_state.index_copy_(0, plan.save_slots, buf[:, plan.save_cols].transpose(0, 1).to(conv_state.dtype))
+        conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))
     out = out.transpose(1, 2).reshape(plan.num_chunks * plan.chunk_size, num_v_heads, head_v)[plan.token_pos]
     return out.to(mixed.dtype)
 
