@@ -83,6 +83,18 @@ def test_chunked_prefill_matches_token_by_token(lengths, reads, writes, snapshot
     assert torch.equal(conv_state, want_conv)
 
 
+def test_varlen_conv_one_buffer_equals_per_sequence():
+    """The GPU's single conv over the whole buffer and the CPU's conv per sequence give the same outputs."""
+    weight, conv_state, _ = make_layer(2, 4, 8, 16, 4, seed=1)
+    mixed, _, _ = make_tokens(107, weight.shape[0], 4, seed=2)
+    plan = gd.ChunkPlan.build([0, 40, 40, 101, 107], [3, -1, 5, -1], [0, 1, 2, 4], [(), (), ((30, 6),), ()], 3,
+                              torch.device("cpu"))
+    whole, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=False)
+    each, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=True)
+    assert whole.shape == mixed.shape and torch.equal(buf, buf2)
+    torch.testing.assert_close(whole, each, rtol=1e-6, atol=1e-6)
+
+
 def test_chunk_plan_layout():
     """Cuts where states are due, each piece padded to whole chunks; rows saved at each cut's last chunk."""
     plan = gd.ChunkPlan.build([0, 100, 103], [-1, 4], [0, 1], [((64, 5), (70, 6)), ((3, 7),)], 3,
@@ -100,6 +112,7 @@ def test_chunk_plan_layout():
     assert plan.state_cols.tolist() == [[0, 1, 2], [103, 104, 105]]
     assert plan.save_cols[0].tolist() == [64, 65, 66] and plan.save_cols[3].tolist() == [106, 107, 108]
     assert plan.buffer_len == 109 and plan.fresh.flatten().tolist() == [True, False]
+    assert plan.buffer_starts_cpu == [0, 103, 109]
 
 
 @pytest.mark.parametrize("lengths,reads,writes,snapshots", CASES[1:3])

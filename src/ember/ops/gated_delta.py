@@ -63,6 +63,7 @@ class ChunkPlan:
     chunk_first: torch.Tensor  # [N] int32 the first token of each chunk
     chunk_len: torch.Tensor  # [N] int32 its number of tokens (<= chunk_size)
     buffer_len: int
+    buffer_starts_cpu: list[int]  # [S+1] each sequence's rows of the conv buffer: K-1 window rows, then its tokens
     token_cols: torch.Tensor  # [T] conv buffer row of each token
     state_cols: torch.Tensor  # [S, width] conv buffer rows of each sequence's window before the chunk
 
@@ -73,6 +74,7 @@ class ChunkPlan:
         seq_chunks, save_after, initial_rows, chunk_first, chunk_len = [0], [], [], [], []
         save_slots, save_rows, save_cols, token_pos, token_cols, state_cols = [], [], [], [], [], []
         buffer = num_rows = 0
+        buffer_starts = [0]
         for i, (start, end) in enumerate(zip(query_start_loc[:-1], query_start_loc[1:])):
             length = end - start
             state_cols.append(torch.arange(buffer, buffer + width))
@@ -100,6 +102,7 @@ class ChunkPlan:
                     num_rows += 1
                     begin = cut
             buffer += width + length
+            buffer_starts.append(buffer)
             seq_chunks.append(len(save_after))
 
         def dev(x, dtype=torch.int64):
@@ -115,23 +118,34 @@ class ChunkPlan:
                    save_after, dev(save_after, torch.int32), initial_rows, dev(save_slots), dev(save_rows),
                    stack(save_cols), dev([max(r, 0) for r in read_slots]),
                    dev([r < 0 for r in read_slots], torch.bool)[:, None, None], cat(token_pos, (0,)),
-                   dev(chunk_first, torch.int32), dev(chunk_len, torch.int32), buffer, cat(token_cols, (0,)),
-                   stack(state_cols))
+                   dev(chunk_first, torch.int32), dev(chunk_len, torch.int32), buffer, buffer_starts,
+                   cat(token_cols, (0,)), stack(state_cols))
 
 
-def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-                         plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
+                         per_sequence: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
     conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due)."""
+    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). per_sequence: one conv per
+    sequence (the default on CPU, where each conv's inputs stay in cache) or one over the whole buffer (GPU)."""
     channels, width = weight.shape[0], plan.width
     buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
     start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
     buf[plan.state_cols] = start.transpose(1, 2)
     buf[plan.token_cols] = x.to(weight.dtype)
-    # column j of the output: the window ending at row j + K-1 of buf
-    out = F.conv1d(buf.t().contiguous()[None], weight[:, None, :], groups=channels)[0]
-    return F.silu(out.t().contiguous()[plan.token_cols - width]).to(x.dtype), buf
+    if not (per_sequence if per_sequence is not None else not x.is_cuda):
+        # one conv over the whole buffer; column j of its output is the window ending at row j + K-1
+        out = F.conv1d(buf.t().contiguous()[None], weight[:, None, :], groups=channels)[0]
+        out = out.t().contiguous()[plan.token_cols - width]
+    else:  # the same windows, the same sums
+        out = x.new_empty(x.shape, dtype=weight.dtype)
+        token = 0
+        for a, b in zip(plan.buffer_starts_cpu[:-1], plan.buffer_starts_cpu[1:]):
+            if b - a > width:
+                seq = F.conv1d(buf[a:b].t()[None], weight[:, None, :], groups=channels)[0]
+                out[token:token + b - a - width] = seq.t()
+                token += b - a - width
+    return F.silu(out).to(x.dtype), buf
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
