@@ -39,7 +39,8 @@ def test_rms_norm_and_fused_add(dtype, n):
     r = torch.randn(7, n, generator=g).to(DEVICE, dtype)
     w = (1 + 0.1 * torch.randn(n, generator=g)).to(DEVICE, dtype)
     close(tri.rms_norm(x, w, 1e-6), ref_norm.rms_norm(x, w, 1e-6), dtype)
-    close(tri.rms_norm(x, w, 1e-6, unit_offset=True), ref_norm.rms_norm(x, w, 1e-6, unit_offset=True), dtype)
+    for offset in (1.0, 0.0):  # weights stored as (scale - 1); Gemma 4's weight multiplied in float32
+        close(tri.rms_norm(x, w, 1e-6, offset), ref_norm.rms_norm(x, w, 1e-6, offset), dtype)
     out, res = tri.add_rms_norm(x, r, w, 1e-5)
     ref_out, ref_res = ref_norm.add_rms_norm(x, r, w, 1e-5)
     assert torch.equal(res, ref_res)
@@ -48,23 +49,23 @@ def test_rms_norm_and_fused_add(dtype, n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [False, True])
-@pytest.mark.parametrize("unit_offset", [False, True])
-def test_rms_norm_then_residual_add(dtype, scale, unit_offset):
+@pytest.mark.parametrize("weight_offset", [None, 1.0, 0.0])
+def test_rms_norm_then_residual_add(dtype, scale, weight_offset):
     # a sandwich norm's output: residual + norm(x), times Gemma 4's per-layer scale
     g = torch.Generator().manual_seed(3)
     x = torch.randn(5, 300, generator=g).to(DEVICE, dtype)
     r = torch.randn(5, 300, generator=g).to(DEVICE, dtype)
     w = (1 + 0.1 * torch.randn(300, generator=g)).to(DEVICE, dtype)
     s = torch.tensor([0.7], dtype=dtype, device=DEVICE) if scale else None
-    out = tri.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
-    ref = ref_norm.rms_norm_add(x, r, w, 1e-6, unit_offset, s)
+    out = tri.rms_norm_add(x, r, w, 1e-6, weight_offset, s)
+    ref = ref_norm.rms_norm_add(x, r, w, 1e-6, weight_offset, s)
     close(out, ref, dtype)
-    unscaled = r + ref_norm.rms_norm(x, w, 1e-6, unit_offset)
+    unscaled = r + ref_norm.rms_norm(x, w, 1e-6, weight_offset)
     assert not torch.equal(out, r) and (not scale or not torch.allclose(out, unscaled))
     # and the next block's input norm of that sum, in the same kernel
     w2 = (1 + 0.1 * torch.randn(300, generator=g)).to(DEVICE, dtype)
-    normed, h = tri.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, unit_offset, s)
-    ref_normed, ref_h = ref_norm.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, unit_offset, s)
+    normed, h = tri.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, weight_offset, s)
+    ref_normed, ref_h = ref_norm.rms_norm_add_rms_norm(x, r, w, w2, 1e-6, weight_offset, s)
     close(h, ref_h, dtype)
     close(normed, ref_normed, dtype)
     close(h, out, dtype)
@@ -142,8 +143,9 @@ def test_prepare_qkv_gemma4_variants(dtype, variant, rot_dim, config):
              for _ in range(2)]
     args = (heads, kv_heads if kv_parts else 0, qw, kw if kv_parts else None, 1e-6, _cos_sin(256, rot_dim), rot_dim,
             True, variant == "k_as_v")
-    q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args)
-    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args, config=config)
+    # Gemma 4's q/k norms multiply by the weight in float32 (ember.ops.norm's weight_offset 0.0)
+    q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args, norm_weight_offset=0.0)
+    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args, norm_weight_offset=0.0, config=config)
     close(q_tri, q_ref, dtype)
     close(pools[1], pools[0], dtype)
     written = (pools[0] != 7.0).any(-1).any(-1).sum().item()
@@ -428,17 +430,17 @@ def test_gemv_gated(dtype, n, k, act):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", GEMV_SHAPES)
-@pytest.mark.parametrize("with_residual,unit_offset", [(False, False), (True, False), (True, True)])
-def test_gemv_rms_norm(dtype, n, k, with_residual, unit_offset):
+@pytest.mark.parametrize("with_residual,weight_offset", [(False, None), (True, None), (True, 1.0), (True, 0.0)])
+def test_gemv_rms_norm(dtype, n, k, with_residual, weight_offset):
     g = torch.Generator().manual_seed(n + k + 11)
     x = (3 * torch.randn(1, k, generator=g)).to(DEVICE, dtype)
     r = torch.randn(1, k, generator=g).to(DEVICE, dtype) if with_residual else None
     nw = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE, dtype)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
     b = torch.randn(n, generator=g).to(DEVICE, dtype)
-    out, res = tri.rms_norm_linear(x, r, nw, 1e-6, w, b, unit_offset)
+    out, res = tri.rms_norm_linear(x, r, nw, 1e-6, w, b, weight_offset)
     ref_out, ref_res = ref_gemm.rms_norm_linear(x.cpu(), None if r is None else r.cpu(), nw.cpu(), 1e-6, w.cpu(),
-                                                b.cpu(), unit_offset)
+                                                b.cpu(), weight_offset)
     close(out, ref_out.to(DEVICE), dtype)
     assert torch.equal(res.cpu(), ref_res)  # the residual stream is exact
 
@@ -475,8 +477,8 @@ def test_gemv_ops_take_cublas_past_one_row(fn):
         assert torch.equal(res.cpu(), ref_res)
 
 
-@pytest.mark.parametrize("unit_offset", [False, True])
-def test_down_projection_split_k_partials_summed_in_the_next_norm(unit_offset, monkeypatch):
+@pytest.mark.parametrize("weight_offset", [None, 1.0])
+def test_down_projection_split_k_partials_summed_in_the_next_norm(weight_offset, monkeypatch):
     """At decode batch sizes a bf16 down projection comes back as float32 split-K partials; the next add + RMSNorm
     (alone or before a projection) sums them, rounded to bf16 first as a GEMM's own reduce rounds: the residual
     stream equals the reference's on that sum, and both outputs match the unsplit path."""
@@ -486,21 +488,21 @@ def test_down_projection_split_k_partials_summed_in_the_next_norm(unit_offset, m
     gate_up = (2 * torch.randn(130, 2 * k, generator=g)).to(DEVICE, dt)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dt)
     r = torch.randn(130, n, generator=g).to(DEVICE, dt)
-    nw = (0.1 * torch.randn(n, generator=g)).to(DEVICE, dt) + (0 if unit_offset else 1)
+    nw = (0.1 * torch.randn(n, generator=g)).to(DEVICE, dt) + (1 - (weight_offset or 0))
     w2 = (torch.randn(24, n, generator=g) / n ** 0.5).to(DEVICE, dt)
     parts = tri.gated_linear_parts(gate_up, w)
     assert parts.shape == (2, 130, n) and parts.dtype == torch.float32
     unsplit = ref_gemm.gated_linear(gate_up.float().cpu(), w.float().cpu())  # float32 throughout
     assert_close(parts.sum(0).cpu(), unsplit, 2e-2)
     h = parts.sum(0).to(dt)
-    out, res = tri.add_rms_norm(parts, r, nw, 1e-6, unit_offset)
-    ref_out, ref_res = ref_norm.add_rms_norm(h.cpu(), r.cpu(), nw.cpu(), 1e-6, unit_offset)
+    out, res = tri.add_rms_norm(parts, r, nw, 1e-6, weight_offset)
+    ref_out, ref_res = ref_norm.add_rms_norm(h.cpu(), r.cpu(), nw.cpu(), 1e-6, weight_offset)
     if DEVICE == "cuda":
         assert torch.equal(res.cpu(), ref_res)
     else:  # the interpreter rounds float32 -> bf16 toward zero, not to nearest: one unit in the last place
         assert_close(res.float(), ref_res.float(), 1e-2)
     assert_close(out.float().cpu(), ref_out.float(), 2e-2)
-    y, res2 = tri.rms_norm_linear(parts, r, nw, 1e-6, w2, None, unit_offset)
+    y, res2 = tri.rms_norm_linear(parts, r, nw, 1e-6, w2, None, weight_offset)
     assert torch.equal(res2, res)
     assert_close(y.float().cpu(), ref_gemm.linear(out.float().cpu(), w2.float().cpu()), 2e-2)
     assert tri.gated_linear_parts(gate_up[:5], w).shape == (5, n)  # below SPLIT_K_ROWS: the plain output

@@ -23,8 +23,8 @@ class GatedAttention(nn.Module):
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.qkv_proj = MergedLinear(hidden_size, {"q": 2 * self.q_size, "k": self.kv_size, "v": self.kv_size}, bias)
         self.o_proj = Linear(self.q_size, hidden_size, bias)
-        self.q_norm = RMSNorm(head_dim, eps, unit_offset=True)
-        self.k_norm = RMSNorm(head_dim, eps, unit_offset=True)
+        self.q_norm = RMSNorm(head_dim, eps, weight_offset=1.0)
+        self.k_norm = RMSNorm(head_dim, eps, weight_offset=1.0)
         self.rotary = rotary
         self.scale = head_dim**-0.5
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner

@@ -80,7 +80,7 @@ class Linear(nn.Module):
         """(self(norm(x + residual)), x + residual): a pre-norm block's residual add, its RMSNorm (layers/norm.py)
         and this projection, fused where a kernel does that. Without a residual, x is the residual stream."""
         assert self.parallel != "row", "a normed input is replicated: only column-parallel projections take one"
-        return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias, norm.unit_offset)
+        return ops.rms_norm_linear(x, residual, norm.weight, norm.eps, self.weight, self.bias, norm.weight_offset)
 
 
 class MergedLinear(Linear):

@@ -7,6 +7,9 @@ checkpoints' language model (vision/audio towers are skipped).
 The MoE variant (26B-A4B, enable_moe_block) would add, next to the dense MLP of every layer, a router (unscaled
 RMSNorm * scale / sqrt(H), softmax top-k renormalised, per-expert scale) and fused experts [E, 2I, H] / [E, H, I]
 with their own pre/post norms; KV, rotary and caching are as here.
+
+Gemma 4's norms multiply by the weight in float32 and round once (weight_offset 0.0 in ember.ops.norm), unlike
+Llama's, which round the normalised value before the weight: in bf16 the difference is one rounding per norm.
 """
 from __future__ import annotations
 
@@ -140,6 +143,9 @@ def args_from_hf(cfg: dict) -> Gemma4Args:
     )
 
 
+NORM = 0.0  # ember.ops.norm's weight_offset for Gemma 4's norms
+
+
 class ScaledEmbedding(nn.Embedding):
     """Embedding times sqrt(dim), the scale rounded to the weight dtype as transformers does."""
 
@@ -164,8 +170,8 @@ class Gemma4Attention(nn.Module):
             shards.update({"k": self.kv_size, **({"v": self.kv_size} if la.has_v_proj else {})})
         self.qkv_proj = MergedLinear(a.hidden_size, shards, a.attention_bias)
         self.o_proj = Linear(self.q_size, a.hidden_size, a.attention_bias)
-        self.q_norm = RMSNorm(la.head_dim, a.rms_norm_eps)
-        self.k_norm = None if self.is_shared else RMSNorm(la.head_dim, a.rms_norm_eps)
+        self.q_norm = RMSNorm(la.head_dim, a.rms_norm_eps, weight_offset=NORM)
+        self.k_norm = None if self.is_shared else RMSNorm(la.head_dim, a.rms_norm_eps, weight_offset=NORM)
         self.eps = a.rms_norm_eps
         self.rotary = rotary
         self.sliding_window = la.sliding_window
@@ -185,7 +191,7 @@ class Gemma4Attention(nn.Module):
             qkv, positions, self.kv_cache, meta, self.num_heads, 0 if self.is_shared else self.num_kv_heads,
             self.q_norm.weight, None if self.is_shared else self.k_norm.weight, self.eps,
             self.rotary.cos_sin(qkv.device), self.rotary.rot_dim, 1.0, self.sliding_window,
-            v_norm=True, k_as_v=not self.has_v_proj,
+            v_norm=True, k_as_v=not self.has_v_proj, norm_weight_offset=NORM,
         )
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -196,17 +202,17 @@ class Gemma4DecoderLayer(nn.Module):
         h, eps = a.hidden_size, a.rms_norm_eps
         self.self_attn = Gemma4Attention(a, la, rotary)
         self.mlp = GatedMLP(h, la.intermediate_size, a.hidden_activation)
-        self.input_layernorm = RMSNorm(h, eps)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.pre_feedforward_layernorm = RMSNorm(h, eps)
-        self.post_feedforward_layernorm = RMSNorm(h, eps)
+        self.input_layernorm = RMSNorm(h, eps, weight_offset=NORM)
+        self.post_attention_layernorm = RMSNorm(h, eps, weight_offset=NORM)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, weight_offset=NORM)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, weight_offset=NORM)
         self.layer_scalar = nn.Parameter(torch.ones(1))
         self.act = a.hidden_activation
         self.has_ple = bool(a.hidden_size_per_layer_input)
         if self.has_ple:
             self.per_layer_input_gate = Linear(h, a.hidden_size_per_layer_input)
             self.per_layer_projection = Linear(a.hidden_size_per_layer_input, h)
-            self.post_per_layer_input_norm = RMSNorm(h, eps)
+            self.post_per_layer_input_norm = RMSNorm(h, eps, weight_offset=NORM)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata,
                 per_layer_input: torch.Tensor | None, next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,13 +223,13 @@ class Gemma4DecoderLayer(nn.Module):
         attn, mlp, eps = self.self_attn, self.mlp, self.post_attention_layernorm.eps
         x, h = ops.rms_norm_add_rms_norm(attn.attend(positions, attn.qkv_proj(x), meta), h,
                                          self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight,
-                                         eps)
+                                         eps, NORM)
         out, out_norm = mlp.down_proj(mlp.gate_up_proj(x), act=mlp.act), self.post_feedforward_layernorm
         if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back
-            h = ops.rms_norm_add(out, h, out_norm.weight, eps)
+            h = ops.rms_norm_add(out, h, out_norm.weight, eps, NORM)
             gated = ops.act_mul(self.per_layer_input_gate(h), per_layer_input, self.act)
             out, out_norm = self.per_layer_projection(gated), self.post_per_layer_input_norm
-        x, h = ops.rms_norm_add_rms_norm(out, h, out_norm.weight, next_norm.weight, eps, scale=self.layer_scalar)
+        x, h = ops.rms_norm_add_rms_norm(out, h, out_norm.weight, next_norm.weight, eps, NORM, self.layer_scalar)
         return h, x
 
 
@@ -237,13 +243,13 @@ class Gemma4Model(nn.Module):
                                                                a.ropes[la.layer_type]))
         self.embed_tokens = ScaledEmbedding(a.vocab_size, a.hidden_size, a.hidden_size**0.5)
         self.layers = nn.ModuleList(Gemma4DecoderLayer(a, la, rotaries[la.layer_type]) for la in a.layers)
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=NORM)
         self.ple_dim = a.hidden_size_per_layer_input
         if self.ple_dim:
             total = a.num_hidden_layers * self.ple_dim
             self.embed_tokens_per_layer = ScaledEmbedding(a.vocab_size_per_layer_input, total, self.ple_dim**0.5)
             self.per_layer_model_projection = Linear(a.hidden_size, total)
-            self.per_layer_projection_norm = RMSNorm(self.ple_dim, a.rms_norm_eps)
+            self.per_layer_projection_norm = RMSNorm(self.ple_dim, a.rms_norm_eps, weight_offset=NORM)
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """[T, L, P]: (RMSNorm(W embeds / sqrt(H)) + PLE(ids)) / sqrt(2), one slice per layer."""

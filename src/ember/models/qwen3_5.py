@@ -73,8 +73,8 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim,
                                             rotary, a.rms_norm_eps, a.attention_bias)
         self.mlp = GatedMLP(a.hidden_size, a.intermediate_size, a.hidden_act)
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, unit_offset=True)
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, unit_offset=True)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=1.0)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=1.0)
 
     @property
     def mixer(self) -> nn.Module:
@@ -92,7 +92,7 @@ class Qwen3_5Model(nn.Module):
         self.rotary = RotaryEmbedding(a.head_dim, a.max_position_embeddings, a.rope)
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(Qwen3_5DecoderLayer(a, self.rotary, i) for i in range(a.num_hidden_layers))
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, unit_offset=True)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=1.0)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

@@ -34,9 +34,11 @@ def prepare_qkv(
     rot_dim: int = 0,
     v_norm: bool = False,
     k_as_v: bool = False,
+    norm_weight_offset: float | None = None,
 ) -> torch.Tensor:
-    """The step between the qkv projection and attention: optional per-head RMSNorm of q and k, rotary on q and
-    k (when cos_sin is given), and the KV write into the pool. qkv: [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D].
+    """The step between the qkv projection and attention: optional per-head RMSNorm of q and k (norm_weight_offset:
+    ember.ops.norm's weight_offset), rotary on q and k (when cos_sin is given), and the KV write into the pool.
+    qkv: [T, (Hq + 2 Hkv) * D] -> q [T, Hq, D].
 
     Gemma 4's variants: v_norm RMS-normalises v without a weight (norm_eps); k_as_v: qkv holds no v part
     ([T, (Hq + Hkv) * D]) and v is k as projected, before its norm and rotary; num_kv_heads=0: qkv is q alone
@@ -45,13 +47,13 @@ def prepare_qkv(
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].view(num_tokens, num_heads, head_dim)
     if q_norm_weight is not None:
-        q = rms_norm(q, q_norm_weight, norm_eps)
+        q = rms_norm(q, q_norm_weight, norm_eps, norm_weight_offset)
     if not num_kv_heads:
         return apply_rotary(positions, q, q[:, :1], cos_sin, rot_dim)[0] if cos_sin is not None else q
     k = qkv[:, q_size:q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
     v = k if k_as_v else qkv[:, q_size + kv_size:q_size + 2 * kv_size].view(num_tokens, num_kv_heads, head_dim)
     if k_norm_weight is not None:
-        k = rms_norm(k, k_norm_weight, norm_eps)
+        k = rms_norm(k, k_norm_weight, norm_eps, norm_weight_offset)
     if v_norm:
         v = rms(v, norm_eps)
     if cos_sin is not None:
@@ -65,11 +67,11 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Te
                   k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
                   cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
                   sliding_window: int | None = None, softcap: float | None = None, v_norm: bool = False,
-                  k_as_v: bool = False) -> torch.Tensor:
+                  k_as_v: bool = False, norm_weight_offset: float | None = None) -> torch.Tensor:
     """Everything from the qkv projection's output to the attention output: prepare_qkv (norms, rotary, KV write)
     then paged_attention. qkv: [T, (Hq + 2 Hkv) * D] -> [T, Hq, D]. One op so a GPU decode step can fuse it."""
     q = prepare_qkv(qkv, positions, kv_cache, meta.slot_mapping, num_heads, num_kv_heads, q_norm_weight,
-                    k_norm_weight, norm_eps, cos_sin, rot_dim, v_norm, k_as_v)
+                    k_norm_weight, norm_eps, cos_sin, rot_dim, v_norm, k_as_v, norm_weight_offset)
     return paged_attention(q, kv_cache, meta, scale, sliding_window, softcap)
 
 

@@ -30,10 +30,10 @@ def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "
 
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    weight_offset: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(x + residual), W, b), x + residual); without a residual, x is the residual stream."""
     if residual is None:
-        h, residual = rms_norm(x, norm_weight, eps, unit_offset), x
+        h, residual = rms_norm(x, norm_weight, eps, weight_offset), x
     else:
-        h, residual = add_rms_norm(x, residual, norm_weight, eps, unit_offset)
+        h, residual = add_rms_norm(x, residual, norm_weight, eps, weight_offset)
     return F.linear(h, weight, bias), residual

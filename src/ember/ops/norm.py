@@ -1,18 +1,22 @@
-"""Reference RMSNorm (Zhang & Sennrich, arXiv:1910.07467) as the Llama/Qwen family computes it: statistics in
-float32, the normalised value cast back to the input dtype before the weight multiplies it."""
+"""Reference RMSNorm (Zhang & Sennrich, arXiv:1910.07467), statistics in float32, rounded as each family rounds it.
+
+weight_offset selects how the weight applies, which decides the rounding in bf16/fp16:
+- None (Llama, Qwen2/3, Mistral): the normalised value is cast to the input dtype, then the weight multiplies it;
+- a number o: (o + weight) multiplies the float32 normalised value, rounded once. o = 1.0 for weights stored as
+  (scale - 1) (Qwen3.5, Gemma 1-3), o = 0.0 for Gemma 4, whose norms multiply by the weight in float32."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
-    """x: [..., N] -> [..., N]; unit_offset: Gemma-style weights stored as (scale - 1)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float | None = None) -> torch.Tensor:
+    """x: [..., N] -> [..., N]; weight_offset: see the module docstring."""
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if unit_offset:
-        return (xf * (1.0 + weight.float())).to(dtype)
+    if weight_offset is not None:
+        return (xf * (weight_offset + weight.float())).to(dtype)
     return weight * xf.to(dtype)
 
 
@@ -29,24 +33,24 @@ def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 unit_offset: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
+                 weight_offset: float | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
     """residual + rms_norm(x), times scale if given: a sandwich-norm block's output norm and the residual add after
     it (Gemma), with Gemma 4's per-layer output scale ([1] tensor) on the sum. Each step rounds to x's dtype."""
-    out = residual + rms_norm(x, weight, eps, unit_offset)
+    out = residual + rms_norm(x, weight, eps, weight_offset)
     return out if scale is None else out * scale
 
 
 def rms_norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
-                          eps: float, unit_offset: bool = False,
+                          eps: float, weight_offset: float | None = None,
                           scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h, next_weight), h) for h = rms_norm_add(x, residual, weight, eps, unit_offset, scale): a sandwich
+    """(rms_norm(h, next_weight), h) for h = rms_norm_add(x, residual, weight, eps, weight_offset, scale): a sandwich
     block's output norm and residual add, then the next block's input norm, in one op."""
-    h = rms_norm_add(x, residual, weight, eps, unit_offset, scale)
-    return rms_norm(h, next_weight, eps, unit_offset), h
+    h = rms_norm_add(x, residual, weight, eps, weight_offset, scale)
+    return rms_norm(h, next_weight, eps, weight_offset), h
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 weight_offset: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the pre-norm block's residual add and the next norm in one op."""
     h = x + residual
-    return rms_norm(h, weight, eps, unit_offset), h
+    return rms_norm(h, weight, eps, weight_offset), h

@@ -529,18 +529,18 @@ def qkv_attention(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Te
                   k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
                   cos_sin: torch.Tensor | None = None, rot_dim: int = 0, scale: float = 1.0,
                   sliding_window: int | None = None, softcap: float | None = None, v_norm: bool = False,
-                  k_as_v: bool = False) -> torch.Tensor:
+                  k_as_v: bool = False, norm_weight_offset: float | None = None) -> torch.Tensor:
     """prepare_qkv then paged_attention (same contract as ember.ops.attention.qkv_attention). A decode step can be one
-    kernel (FUSE_MAX_PROGRAMS_PER_SM, off by default; not for Gemma 4's variants): each program norms and rotates
-    its own heads, and the new token's KV is written from the registers that attend to it. qkv is scratch: the
-    unfused path writes the rotated q into it."""
+    kernel (FUSE_MAX_PROGRAMS_PER_SM, off by default; Llama-style norms only, not Gemma 4's variants): each
+    program norms and rotates its own heads, and the new token's KV is written from the registers that attend to
+    it. qkv is scratch: the unfused path writes the rotated q into it."""
     num_tokens, head_dim = qkv.shape[0], kv_cache.shape[-1]
     fuse = (meta.is_decode_only and num_tokens == meta.num_seqs and qkv.stride(-1) == 1 and num_kv_heads > 0
-            and not v_norm and not k_as_v
+            and not v_norm and not k_as_v and norm_weight_offset is None
             and meta.num_seqs * num_kv_heads <= FUSE_MAX_PROGRAMS_PER_SM * _num_sms(qkv.device))
     if not fuse:
         q = prepare_qkv(qkv, positions, kv_cache, meta.slot_mapping, num_heads, num_kv_heads, q_norm_weight,
-                        k_norm_weight, norm_eps, cos_sin, rot_dim, v_norm, k_as_v)
+                        k_norm_weight, norm_eps, cos_sin, rot_dim, v_norm, k_as_v, norm_weight_offset)
         return paged_attention(q, kv_cache, meta, scale, sliding_window, softcap)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     fused = dict(positions=positions, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,

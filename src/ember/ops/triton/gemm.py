@@ -27,7 +27,7 @@ import triton.language as tl
 from ember.ops.activation import gated
 from ember.ops.triton.activation import ACT_CODES, act_fn, silu_and_mul
 from ember.ops.triton import pdl
-from ember.ops.triton.norm import add_rms_norm, rms_norm
+from ember.ops.triton.norm import add_rms_norm, apply_weight, rms_norm, weight_args
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # The norm prologue re-reads x (+ residual, + norm weight) in every program: ~40 KB per program against ~32 KB of
@@ -47,8 +47,9 @@ SPLIT_K_ROWS = (128, 512)
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, K, eps, stride_wn,
-                 ACT: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                 ACT: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
+                 W_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 USE_PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -83,10 +84,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
             if HAS_RES:
                 x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-            if UNIT_OFFSET:
-                x = (x.to(tl.float32) * rstd * (1.0 + nw)).to(dtype)
-            else:
-                x = ((x.to(tl.float32) * rstd).to(dtype).to(tl.float32) * nw).to(dtype)
+            x = apply_weight(x.to(tl.float32) * rstd, nw, dtype, FLOAT_WEIGHT, W_OFFSET)
         elif ACT != 0:
             up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
             x = (act_fn(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
@@ -115,18 +113,18 @@ def gemv_config(n: int, k: int, has_act: bool = False) -> dict:
 def launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
                 norm: tuple | None = None, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x: [1, K] ([1, 2K] with act), contiguous; weight [N, K] row-major. norm: (residual or None, norm weight,
-    eps, unit_offset). Returns ([1, N] output, [1, K] residual out if a residual was given)."""
+    eps, weight_offset as in ember.ops.norm). Returns ([1, N] output, [1, K] residual out if a residual was given)."""
     n, k = weight.shape
     cfg = dict(config or gemv_config(n, k, act is not None))
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    residual, nw, eps, unit_offset = norm if norm is not None else (None, None, 0.0, False)
+    residual, nw, eps, weight_offset = norm if norm is not None else (None, None, 0.0, None)
     res_out = torch.empty_like(x) if residual is not None else None
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x, res_out if res_out is not None else out,
         nw if nw is not None else weight, n, k, eps, weight.stride(0),
         ACT=ACT_CODES[act] if act else 0, NORM=norm is not None, HAS_RES=residual is not None,
-        UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, **cfg, **pdl.launch_args(x.device))
+        **weight_args(weight_offset), HAS_BIAS=bias is not None, **cfg, **pdl.launch_args(x.device))
     return out, res_out
 
 
@@ -172,15 +170,15 @@ def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "
 
 def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    weight_offset: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     x2 = x.reshape(-1, x.shape[-1])
     # split-K partials (gated_linear_parts: float32, several rows) are never a GEMV input; add_rms_norm sums them
     if not _gemv_ok(x2, weight) or weight.numel() > NORM_FUSE_MAX_WEIGHT:
         if residual is None:
-            h, residual = rms_norm(x, norm_weight, eps, unit_offset), x
+            h, residual = rms_norm(x, norm_weight, eps, weight_offset), x
         else:
-            h, residual = add_rms_norm(x, residual, norm_weight, eps, unit_offset)
+            h, residual = add_rms_norm(x, residual, norm_weight, eps, weight_offset)
         return linear(h, weight, bias), residual
     res2 = residual.reshape(1, -1).contiguous() if residual is not None else None
-    out, res_out = launch_gemv(x2.contiguous(), weight, bias, norm=(res2, norm_weight, eps, unit_offset))
+    out, res_out = launch_gemv(x2.contiguous(), weight, bias, norm=(res2, norm_weight, eps, weight_offset))
     return out.view(*x.shape[:-1], weight.shape[0]), (res_out.view(x.shape) if res_out is not None else x)

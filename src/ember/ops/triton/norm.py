@@ -19,23 +19,36 @@ from ember.ops.triton.pdl import release_dependents, wait_prior
 WARPS_OVERRIDE = int(os.environ.get("EMBER_NORM_WARPS", "0"))
 
 
+def weight_args(weight_offset: float | None) -> dict:
+    """The constexprs of apply_weight for ember.ops.norm's weight_offset."""
+    return dict(FLOAT_WEIGHT=weight_offset is not None, W_OFFSET=float(weight_offset or 0.0))
+
+
 @triton.jit
-def _normed(xf, w_ptr, offs, mask, n_cols, eps, dtype: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+def apply_weight(xn, w, dtype: tl.constexpr, FLOAT_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr):
+    """The float32 normalised value xn times the norm weight w (float32), rounded to dtype as ember.ops.norm rounds
+    it: (W_OFFSET + w) xn rounded once with FLOAT_WEIGHT, else xn rounded to dtype before w multiplies it."""
+    if FLOAT_WEIGHT:
+        y = xn * (W_OFFSET + w)
+    else:
+        y = xn.to(dtype).to(tl.float32) * w
+    return y.to(dtype)
+
+
+@triton.jit
+def _normed(xf, w_ptr, offs, mask, n_cols, eps, dtype: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
+            W_OFFSET: tl.constexpr):
     """RMSNorm of a float32 row, rounded to dtype as ember.ops.norm rounds it."""
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if UNIT_OFFSET:
-        y = xf * rstd * (1.0 + w)
-    else:
-        y = (xf * rstd).to(dtype).to(tl.float32) * w
-    return y.to(dtype)
+    return apply_weight(xf * rstd, w, dtype, FLOAT_WEIGHT, W_OFFSET)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, w2_ptr, n_cols, eps,
                      stride_x, stride_r, stride_o, stride_ro, stride_part,
-                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr,
-                     NUM_PARTS: tl.constexpr, POST_ADD: tl.constexpr, HAS_SCALE: tl.constexpr,
+                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
+                     W_OFFSET: tl.constexpr, NUM_PARTS: tl.constexpr, POST_ADD: tl.constexpr, HAS_SCALE: tl.constexpr,
                      NEXT_NORM: tl.constexpr, USE_PDL: tl.constexpr):
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
@@ -54,7 +67,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, w2_
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    y = _normed(x.to(tl.float32), w_ptr, offs, mask, n_cols, eps, dtype, UNIT_OFFSET)
+    y = _normed(x.to(tl.float32), w_ptr, offs, mask, n_cols, eps, dtype, FLOAT_WEIGHT, W_OFFSET)
     if POST_ADD:  # residual + norm(x) [* scale], each rounded as the torch reference rounds it
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         y = (y.to(tl.float32) + r).to(dtype)
@@ -62,12 +75,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, scale_ptr, w2_
             y = (y.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
         if NEXT_NORM:  # the sum is the residual stream; the next block's input norm of it is the output
             tl.store(res_out_ptr + row * stride_ro + offs, y, mask=mask)
-            y = _normed(y.to(tl.float32), w2_ptr, offs, mask, n_cols, eps, dtype, UNIT_OFFSET)
+            y = _normed(y.to(tl.float32), w2_ptr, offs, mask, n_cols, eps, dtype, FLOAT_WEIGHT, W_OFFSET)
     tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            unit_offset: bool, parts: torch.Tensor | None = None, num_warps: int | None = None,
+            weight_offset: float | None, parts: torch.Tensor | None = None, num_warps: int | None = None,
             post_add: bool = False, scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """parts: float32 [P, rows, n] split-K partial products summed in place of x (x gives the shape and dtype).
@@ -85,26 +98,26 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         x2, res2, weight, out, res_out, scale if scale is not None else weight,
         next_weight if next_weight is not None else weight, n, eps,
         x2.stride(-2), res2.stride(0), out.stride(0), res_out.stride(0), x2.stride(0) if parts is not None else 0,
-        BLOCK=block, HAS_RESIDUAL=residual is not None and not post_add, UNIT_OFFSET=unit_offset,
+        BLOCK=block, HAS_RESIDUAL=residual is not None and not post_add, **weight_args(weight_offset),
         NUM_PARTS=parts.shape[0] if parts is not None else 0, POST_ADD=post_add, HAS_SCALE=scale is not None,
         NEXT_NORM=next_weight is not None, num_warps=num_warps, **pdl.launch_args(x.device),
     )
     return out.view(x.shape), (res_out.view(x.shape) if has_res_out else None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
-    return _launch(x, None, weight, eps, unit_offset)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float | None = None) -> torch.Tensor:
+    return _launch(x, None, weight, eps, weight_offset)[0]
 
 
 def rms_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 unit_offset: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
-    return _launch(x, residual, weight, eps, unit_offset, post_add=True, scale=scale)[0]
+                 weight_offset: float | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+    return _launch(x, residual, weight, eps, weight_offset, post_add=True, scale=scale)[0]
 
 
 def rms_norm_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, next_weight: torch.Tensor,
-                          eps: float, unit_offset: bool = False,
+                          eps: float, weight_offset: float | None = None,
                           scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(x, residual, weight, eps, unit_offset, post_add=True, scale=scale, next_weight=next_weight)
+    return _launch(x, residual, weight, eps, weight_offset, post_add=True, scale=scale, next_weight=next_weight)
 
 
 def is_split_k_parts(x: torch.Tensor, residual: torch.Tensor) -> bool:
@@ -114,15 +127,16 @@ def is_split_k_parts(x: torch.Tensor, residual: torch.Tensor) -> bool:
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 weight_offset: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if is_split_k_parts(x, residual):
-        return add_rms_norm_parts(x, residual, weight, eps, unit_offset)
-    out, res = _launch(x, residual, weight, eps, unit_offset)
+        return add_rms_norm_parts(x, residual, weight, eps, weight_offset)
+    out, res = _launch(x, residual, weight, eps, weight_offset)
     return out, res
 
 
 def add_rms_norm_parts(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       unit_offset: bool = False, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       weight_offset: float | None = None,
+                       num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm of x = the sum of split-K partial products parts [P, rows, n] (float32), rounded to the
     residual's dtype first, as a GEMM's split-K reduce rounds it: the reduce kernel and this norm in one pass."""
-    return _launch(residual, residual, weight, eps, unit_offset, parts=parts, num_warps=num_warps)
+    return _launch(residual, residual, weight, eps, weight_offset, parts=parts, num_warps=num_warps)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ember.ops.triton import pdl
+from ember.ops.triton.norm import apply_weight, weight_args
 from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
@@ -23,8 +24,10 @@ PREPARE_QKV_CONFIG = env_launch("EMBER_PREPARE_QKV_CONFIG", ("q_parts", "num_war
 @triton.jit
 def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
                HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, ROT_DIM: tl.constexpr,
-               HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr):
-    # [num_heads, HEAD_DIM] row-major at ptr -> float32 [H_PAD, D_PAD], normalised and rotated
+               HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, FLOAT_WEIGHT: tl.constexpr = False,
+               W_OFFSET: tl.constexpr = 0.0):
+    # [num_heads, HEAD_DIM] row-major at ptr -> float32 [H_PAD, D_PAD], normalised (rounded as ember.ops.norm with
+    # weight_offset, apply_weight) and rotated
     dtype = ptr.dtype.element_ty
     offs_h = tl.arange(0, H_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -34,7 +37,7 @@ def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
         w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        x = ((x * rstd[:, None]).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
+        x = apply_weight(x * rstd[:, None], w[None, :], dtype, FLOAT_WEIGHT, W_OFFSET).to(tl.float32)
     if HAS_ROPE:
         half: tl.constexpr = ROT_DIM // 2
         rot = offs_d < ROT_DIM
@@ -44,7 +47,7 @@ def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
         xp = tl.load(ptr + offs_h[:, None] * HEAD_DIM + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
         if HAS_NORM:
             wp = tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32)
-            xp = ((xp * rstd[:, None]).to(dtype).to(tl.float32) * wp[None, :]).to(dtype).to(tl.float32)
+            xp = apply_weight(xp * rstd[:, None], wp[None, :], dtype, FLOAT_WEIGHT, W_OFFSET).to(tl.float32)
         cos = tl.load(cos_ptr + offs_d, mask=rot, other=1.0)
         sin = tl.load(sin_ptr + offs_d, mask=rot, other=0.0)
         sign = tl.where(offs_d < half, -1.0, 1.0)
@@ -59,6 +62,7 @@ def _prepare_qkv_kernel(
     HEAD_DIM: tl.constexpr, HQ_PAD: tl.constexpr, HKV_PAD: tl.constexpr, D_PAD: tl.constexpr,
     ROT_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, DO_QK: tl.constexpr,
     HAS_KV: tl.constexpr, V_NORM: tl.constexpr, K_AS_V: tl.constexpr,
+    FLOAT_WEIGHT: tl.constexpr, W_OFFSET: tl.constexpr,
     Q_PARTS: tl.constexpr, KV_PART: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Grid (tokens, parts): parts 0..Q_PARTS-1 each take num_heads / Q_PARTS query heads, part KV_PART the keys
@@ -81,7 +85,7 @@ def _prepare_qkv_kernel(
             part_heads = num_heads // Q_PARTS
             q_row = row + part * part_heads * HEAD_DIM
             q = _norm_rope(q_row, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, part_heads,
-                           HEAD_DIM, HQ_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+                           HEAD_DIM, HQ_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, FLOAT_WEIGHT, W_OFFSET)
             offs_hq = tl.arange(0, HQ_PAD)
             q_mask = (offs_hq < part_heads)[:, None] & d_mask[None, :]
             tl.store(q_row + offs_hq[:, None] * HEAD_DIM + offs_d[None, :], q.to(row.dtype.element_ty), mask=q_mask)
@@ -91,7 +95,7 @@ def _prepare_qkv_kernel(
         kv_offs = offs_hk[:, None] * HEAD_DIM + offs_d[None, :]
         if DO_QK:
             k = _norm_rope(k_row, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, num_kv_heads,
-                           HEAD_DIM, HKV_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE)
+                           HEAD_DIM, HKV_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, FLOAT_WEIGHT, W_OFFSET)
         else:
             k = tl.load(k_row + kv_offs, mask=kv_mask, other=0.0)
         v = tl.load(v_row + kv_offs, mask=kv_mask, other=0.0)
@@ -124,7 +128,7 @@ def prepare_config(num_tokens: int) -> dict:
 
 def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_w, k_w, eps,
             cos_sin, rot_dim, do_qk: bool, config: dict | None = None, v_norm: bool = False,
-            k_as_v: bool = False) -> None:
+            k_as_v: bool = False, weight_offset: float | None = None) -> None:
     num_tokens = qkv.shape[0]
     head_dim = kv_cache.shape[-1]
     assert kv_cache[0].is_contiguous() and qkv.stride(-1) == 1
@@ -147,7 +151,8 @@ def _launch(qkv: torch.Tensor, positions, kv_cache, slot_mapping, num_heads, num
         HEAD_DIM=head_dim, HQ_PAD=triton.next_power_of_2(max(1, num_heads // max(1, q_parts))),
         HKV_PAD=triton.next_power_of_2(num_kv_heads), D_PAD=triton.next_power_of_2(head_dim),
         ROT_DIM=rot_dim if has_rope else 0, HAS_NORM=has_norm, HAS_ROPE=has_rope, DO_QK=do_qk,
-        HAS_KV=has_kv, V_NORM=v_norm, K_AS_V=k_as_v, Q_PARTS=max(1, q_parts), KV_PART=q_parts,
+        HAS_KV=has_kv, V_NORM=v_norm, K_AS_V=k_as_v, **weight_args(weight_offset),
+        Q_PARTS=max(1, q_parts), KV_PART=q_parts,
         num_warps=cfg.pop("num_warps"), **pdl.launch_args(qkv.device),
     )
 
@@ -156,11 +161,12 @@ def prepare_qkv(qkv: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tens
                 num_heads: int, num_kv_heads: int, q_norm_weight: torch.Tensor | None = None,
                 k_norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6,
                 cos_sin: torch.Tensor | None = None, rot_dim: int = 0, v_norm: bool = False, k_as_v: bool = False,
-                config: dict | None = None) -> torch.Tensor:
+                norm_weight_offset: float | None = None, config: dict | None = None) -> torch.Tensor:
     head_dim = kv_cache.shape[-1]
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     _launch(qkv, positions, kv_cache, slot_mapping, num_heads, num_kv_heads, q_norm_weight, k_norm_weight,
-            norm_eps, cos_sin, rot_dim, do_qk=True, config=config, v_norm=v_norm, k_as_v=k_as_v)
+            norm_eps, cos_sin, rot_dim, do_qk=True, config=config, v_norm=v_norm, k_as_v=k_as_v,
+            weight_offset=norm_weight_offset)
     # q was rewritten in place: a strided view of the qkv rows
     return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
 
