@@ -1,6 +1,7 @@
 """Kernels behind one set of signatures: torch reference ops (the CPU path and the oracle for GPU kernels) and,
 on CUDA, the Triton kernels of ember.ops.triton with the same signatures. Each op is selected by the device of
-its first tensor argument; EMBER_TRITON=0 keeps the references on CUDA too (for A/B checks)."""
+its first tensor argument; EMBER_TRITON=0 keeps the references on CUDA too (for A/B checks), EMBER_TRITON_SKIP=a,b
+those ops only."""
 from __future__ import annotations
 
 import importlib
@@ -11,6 +12,7 @@ from ember.ops import activation, attention, gated_delta, gemm, norm, reduce
 from ember.ops.rotary import apply_rotary
 
 USE_TRITON = os.environ.get("EMBER_TRITON", "1") != "0"
+SKIPPED = frozenset(filter(None, os.environ.get("EMBER_TRITON_SKIP", "").split(",")))
 # tests set this (with TRITON_INTERPRET=1) to run the Triton kernels on CPU tensors through the whole engine: the
 # GPU path's integration (mixed steps, greedy argmax, the GEMV prologues) checked without a GPU
 TRITON_ON_CPU = False
@@ -21,6 +23,8 @@ def triton_enabled() -> bool:
 
 
 def _select(name: str, reference: Callable) -> Callable:
+    if name in SKIPPED:
+        return reference
     gpu: Callable | None = None
 
     def op(x, *args, **kwargs):
@@ -59,3 +63,7 @@ __all__ = ["act_mul", "add_rms_norm", "apply_rotary", "gated_delta_chunk_prepare
            "gated_delta_decode", "gated_linear", "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear",
            "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_add_rms_norm",
            "rms_norm_linear", "row_argmax", "triton_enabled", "write_kv"]
+
+if SKIPPED - set(__all__):
+    raise ValueError(f"EMBER_TRITON_SKIP names unknown ops {sorted(SKIPPED - set(__all__))}; "
+                     f"allowed: {', '.join(n for n in __all__ if n not in ('apply_rotary', 'triton_enabled'))}")
