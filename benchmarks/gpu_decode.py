@@ -10,7 +10,8 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
     --shapes qwen3_5-default,gemma4-default
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
-"w+kv" column adds the KV bytes a step must read at the mean context length.
+"w+kv" column adds the KV bytes a step must read at the mean context length and, for hybrids, the recurrent
+state each sequence reads and writes back every step (--ssm-state-dtype bfloat16 halves its matrix).
 
 Each decode row also records the SM clock and board power over its run (`clocks`: nvidia-smi sampled every 50 ms,
 where it exists): H200s differ in the clock the 700 W cap allows under sustained load, and with it in tok/s.
@@ -399,12 +400,16 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", max_model_len=max_model_len, kv_cache_gb=kv_gb,
               max_num_seqs=max(batches),
               max_num_batched_tokens=args.max_batched_tokens and max(args.max_batched_tokens, args.prefill_len),
-              enable_prefix_caching=False, progress=False, async_scheduling=not args.serial)
+              enable_prefix_caching=False, progress=False, async_scheduling=not args.serial,
+              ssm_state_dtype=args.ssm_state_dtype)
     log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s, "
         f"max_num_batched_tokens {llm.engine.sched_cfg.max_num_batched_tokens}")
     from ember import SamplingParams  # warm-up: the prefill kernels compile on first use, outside the timings
     llm.generate(make_prompts(8, 64, vocab, seed=0), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     weight_bytes, body_params = model_sizes(llm.engine.runner.model)
+    from ember.kv.spec import state_bytes_per_slot
+    runner = llm.engine.runner
+    state_per_seq = state_bytes_per_slot(runner.cache_specs, runner.dtype)  # read and written once per step
     rows = []
     for prompt_len in prompt_lens:
         for batch in batches:
@@ -414,7 +419,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
                 r.update(bench_ember_decode(llm, batch, prompt_len, vocab, args.gc_heaps))
             except Exception as e:  # keep measuring the rest; the error is reported in the table
                 r["error"] = repr(e)
-            kv_bytes = batch * (prompt_len + OUTPUT_LEN / 2) * kv_per_token
+            kv_bytes = batch * (prompt_len + OUTPUT_LEN / 2) * kv_per_token + batch * 2 * state_per_seq
             r["roofline_tok_s"] = batch * ceil["bandwidth"] / weight_bytes
             r["roofline_wkv_tok_s"] = batch * ceil["bandwidth"] / (weight_bytes + kv_bytes)
             rows.append(r)
@@ -492,6 +497,7 @@ def main() -> None:
                     help="the scheduler's token budget per step, at least --prefill-len (default: the engine's "
                          "for the device, 32768 on an H200)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--ssm-state-dtype", default="float32", help="hybrids' recurrent state matrix dtype")
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
     ap.add_argument("--profile-run", action="store_true", help="log per-kernel times over one real run at the largest batch")

@@ -121,6 +121,10 @@ class CacheConfig:
     # set when max_num_batched_tokens is a default: the runner may lower it while a step's activations would crowd
     # out the cache (ModelRunner._fit_max_num_batched_tokens)
     fit_max_num_batched_tokens: bool = False
+    # hybrid models' recurrent state matrix (Gated DeltaNet): float32 (as transformers keeps it), or bfloat16 /
+    # float16 / auto (the model dtype) for half the state memory and traffic; updates are computed in float32 either
+    # way, the state is rounded where it is stored (vLLM's --mamba-ssm-cache-dtype)
+    ssm_state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -129,6 +133,13 @@ class CacheConfig:
             raise ValueError(f"kv_cache_gb={self.kv_cache_gb} must be > 0")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]")
+        if self.ssm_state_dtype != "auto" and self.ssm_state_dtype not in DTYPES:
+            raise ValueError(f"unsupported ssm_state_dtype {self.ssm_state_dtype!r}; "
+                             f"supported: auto, {', '.join(sorted(DTYPES))}")
+
+    def state_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The recurrent state matrix's dtype for a model in model_dtype."""
+        return model_dtype if self.ssm_state_dtype == "auto" else DTYPES[self.ssm_state_dtype]
 
 
 @dataclass(slots=True)

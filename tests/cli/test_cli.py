@@ -43,6 +43,25 @@ def test_info_reports_summary(cache_dir, demo_dir):
     assert info["kv_bytes_per_token"] == 4 * 2 * 2 * 64 * 2  # layers * (k,v) * kv_heads * head_dim * bf16
 
 
+def test_info_state_dtype_halves_the_recurrent_state(cache_dir, tmp_path):
+    """qwen3_5-default's shape (config only: info reads no weights): the state matrix in bf16 takes half its
+    float32 bytes; the conv windows stay in the model dtype. A dtype not on the list is refused."""
+    r = ember("make-demo-model", str(tmp_path / "m"), "--arch", "qwen3_5-default", cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    sizes = {}
+    for dtype in ("float32", "bfloat16"):
+        r = ember("info", str(tmp_path / "m"), "--json", "--ssm-state-dtype", dtype, cache_dir=cache_dir)
+        assert r.returncode == 0, r.stderr
+        sizes[dtype] = json.loads(r.stdout)["state_bytes_per_sequence"]
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    layers = cfg["layer_types"].count("linear_attention")
+    matrix = layers * cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"]
+    assert sizes["float32"] - sizes["bfloat16"] == matrix * 2
+    bad = ember("info", str(tmp_path / "m"), "--ssm-state-dtype", "int8", cache_dir=cache_dir)
+    assert bad.returncode == 2 and "ssm_state_dtype 'int8'" in bad.stderr
+
+
 def test_make_demo_model_and_bad_input(cache_dir, tmp_path):
     r = ember("make-demo-model", str(tmp_path / "m"), "--arch", "llama", cache_dir=cache_dir)
     assert r.returncode == 0, r.stderr

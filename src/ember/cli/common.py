@@ -14,6 +14,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool size (default: from free memory)")
     p.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"],
                    help="dummy: random weights in the checkpoint's shapes, for benchmarks")
+    p.add_argument("--ssm-state-dtype", default="float32",
+                   help="hybrid models' recurrent state: float32 (default), bfloat16, float16 or auto (the model "
+                        "dtype): half the state memory and traffic")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="shard the model over this many devices of this host (one process each)")
 
@@ -30,4 +33,4 @@ def build_llm(args: argparse.Namespace, **kw):
     from ember.llm import LLM
     return LLM(resolve_model(args), dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                kv_cache_gb=args.kv_cache_gb, load_format=args.load_format,
-               tensor_parallel_size=args.tensor_parallel_size, **kw)
+               tensor_parallel_size=args.tensor_parallel_size, ssm_state_dtype=args.ssm_state_dtype, **kw)

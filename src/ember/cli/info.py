@@ -15,20 +15,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def model_summary(model_dir: str, dtype: str = "auto") -> dict:
+def model_summary(model_dir: str, dtype: str = "auto", ssm_state_dtype: str = "float32") -> dict:
     """Built on the meta device: no weights are read, so it is instant for any size."""
     import torch
 
     from ember.config import ModelConfig
     from ember.config import CacheConfig
-    from ember.kv.spec import kv_groups, state_bytes_per_slot
+    from ember.kv.spec import kv_groups, state_bytes_per_slot, with_recurrent_dtype
     from ember.models.registry import get_model_class, model_args
 
     cfg = ModelConfig.from_dir(model_dir, dtype, "cpu")
     cls = get_model_class(cfg.model_type)
     with torch.device("meta"):
         model = cls(model_args(cls, cfg.hf_config))
-    specs = model.cache_specs()
+    state_dtype = CacheConfig(ssm_state_dtype=ssm_state_dtype).state_dtype(cfg.dtype)
+    specs = with_recurrent_dtype(model.cache_specs(), state_dtype)
     kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
     groups, block_size = kv_groups(specs), CacheConfig().block_size
     by_kind: collections.Counter = collections.Counter()
@@ -50,7 +51,7 @@ def model_summary(model_dir: str, dtype: str = "auto") -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = model_summary(resolve_model(args), args.dtype)
+    info = model_summary(resolve_model(args), args.dtype, args.ssm_state_dtype)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -3,7 +3,7 @@ them and the block manager sizes the pool from their per-token cost (attention) 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -66,6 +66,13 @@ class RecurrentStateSpec:
 
 
 LayerCacheSpec = FullAttentionSpec | SlidingWindowSpec | SharedKVSpec | RecurrentStateSpec
+
+
+def with_recurrent_dtype(specs: list[LayerCacheSpec], dtype: torch.dtype) -> list[LayerCacheSpec]:
+    """specs with the recurrent layers' wide tensors (those of a fixed dtype: Gated DeltaNet's float32 state
+    matrix) stored in dtype instead; the tensors in the model's dtype (conv windows) stay as they are."""
+    return [RecurrentStateSpec(tuple(replace(t, dtype=dtype) if t.dtype is not None else t for t in s.tensors))
+            if isinstance(s, RecurrentStateSpec) else s for s in specs]
 
 
 def kv_bytes_per_token(specs: list[LayerCacheSpec], dtype: torch.dtype) -> int:

@@ -19,7 +19,7 @@ from ember import ops
 from ember.config import CacheConfig, ModelConfig
 from ember.kv.state_pool import StateStep
 from ember.kv.spec import (LayerCacheSpec, RecurrentStateSpec, SharedKVSpec, kv_groups, layer_kv_groups,
-                           sliding_group_blocks, state_bytes_per_slot)
+                           sliding_group_blocks, state_bytes_per_slot, with_recurrent_dtype)
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
 from ember.request import PLACEHOLDER_TOKEN_ID
 from ember.sample.metadata import SamplingMetadata, SamplingRow
@@ -201,7 +201,8 @@ class ModelRunner:
         self.dtype = model_cfg.dtype
         self.block_size = cache_cfg.block_size
         self.model = load_model(model_cfg, progress)
-        self.cache_specs: list[LayerCacheSpec] = self.model.cache_specs()
+        self.cache_specs: list[LayerCacheSpec] = with_recurrent_dtype(self.model.cache_specs(),
+                                                                      cache_cfg.state_dtype(self.dtype))
         self.kv_groups = kv_groups(self.cache_specs)  # full attention, then one group per sliding window
         self.layer_groups = layer_kv_groups(self.cache_specs, self.kv_groups)
         if cache_cfg.num_blocks is None:  # measured once: on a GPU each measurement collects and empties the cache
