@@ -74,6 +74,12 @@ def case(seqs: int, length: int) -> dict:
         row[f"scan_{precision}_err"] = rel(out, want)
         row[f"scan_{precision}_state_err"] = rel(states, want_states)
     tri.PRECISION = "ieee"
+    for block_v in (16, 32, 64):  # the scan's Dv slice per program
+        tri.SCAN_BLOCK_V = block_v
+        out, _ = tri.chunk_scan(*scan_args, initial, plan)
+        assert rel(out, want) < 1e-3, block_v
+        row[f"scan_bv{block_v}_ms"] = cuda_ms(lambda: tri.chunk_scan(*scan_args, initial, plan))
+    tri.SCAN_BLOCK_V = 0
     return row
 
 
@@ -90,7 +96,8 @@ def main() -> None:
         rows.append(row)
     cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "prepare_torch_ms", "prepare_ieee_ms",
             "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms", "prepare_ieee_err",
-            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
+            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err", "scan_bv16_ms", "scan_bv32_ms",
+            "scan_bv64_ms"]
     print("case " + " ".join(cols))
     for r in rows:
         print(f"{r['seqs']}x{r['length']} " + " ".join(f"{r.get(c, float('nan')):.3g}" for c in cols))

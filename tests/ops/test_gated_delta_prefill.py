@@ -115,12 +115,16 @@ def test_chunk_plan_layout():
     assert plan.buffer_starts_cpu == [0, 103, 109]
 
 
-@pytest.mark.parametrize("lengths,reads,writes,snapshots", CASES[1:3])
-@pytest.mark.parametrize("kernels", ["prepare", "scan", "both"])
-def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots, kernels):
-    """The Triton prepare and scan kernels, each alone and both, in place of the torch parts of the prefill."""
+@pytest.mark.parametrize("lengths,reads,writes,snapshots,kernels,block_v",
+                         [(*case, kernels, 0) for case in CASES[1:3] for kernels in ("prepare", "scan", "both")]
+                         + [(*CASES[2], "scan", 16), (*CASES[2], "scan", 64)])
+def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots, kernels, block_v, monkeypatch):
+    """The Triton prepare and scan kernels, each alone and both, in place of the torch parts of the prefill; the
+    scan with its default Dv slice (32: two programs over Dv = 40), and 16 (three) and 64 (one, masked)."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
+    from ember.ops.triton import gated_delta_prefill as tri_prefill
+    monkeypatch.setattr(tri_prefill, "SCAN_BLOCK_V", block_v)
     hk, hv, dk, dv, kernel = 2, 4, 8, 40, 4  # Dv over two scan program blocks
     weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=3)
     mixed, g, beta = make_tokens(sum(lengths), weight.shape[0], hv, seed=4)

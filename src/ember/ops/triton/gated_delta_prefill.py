@@ -24,6 +24,9 @@ from ember.ops.gated_delta import ChunkPlan
 
 # the dots' input precision: "ieee" (fp32 FMA, the reference's arithmetic), "tf32x3" or "tf32" (tensor cores)
 PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "ieee")
+# the scan's Dv slice per program (0: 32): narrower slices give more programs where few sequences run (one long
+# prompt: num_heads * Dv / BLOCK_V programs), wider ones fewer reloads of w, q, k and the intra-chunk matrix
+SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
 
 
 @triton.jit
@@ -160,7 +163,7 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     if num_chunks == 0 or num_seqs == 0:
         return out, saved
     block_k = max(16, triton.next_power_of_2(head_k))
-    block_v = min(32, max(16, triton.next_power_of_2(head_v)))
+    block_v = min(SCAN_BLOCK_V or 32, max(16, triton.next_power_of_2(head_v)))
     _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
         w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
         HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=PRECISION,
