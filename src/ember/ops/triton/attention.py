@@ -144,8 +144,9 @@ def _decode_kernel(
         cos_ptr = cos_sin_ptr
         if HAS_ROPE:
             cos_ptr = cos_sin_ptr + tl.load(positions_ptr + seq).to(tl.int64) * (2 * ROT_DIM)
+        # norms as Llama's (False, 0.0: ember.ops.norm's weight_offset None); qkv_attention fuses no other kind
         q = _norm_rope(row + kv_head * GROUP * HEAD_DIM, q_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, GROUP,
-                       HEAD_DIM, GROUP_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(dtype)
+                       HEAD_DIM, GROUP_PAD, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, False, 0.0).to(dtype)
         kv_len = seq_len - 1  # keys in the pool; the new token's come from registers
     else:
         q = tl.load(row + heads[:, None] * stride_qh + offs_d[None, :], mask=qo_mask, other=0.0)
@@ -176,7 +177,8 @@ def _decode_kernel(
         if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
             num_q_heads = num_kv_heads * GROUP
             k_new = _norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, 1,
-                               HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE).to(k_ptr.dtype.element_ty)
+                               HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, False, 0.0).to(
+                                   k_ptr.dtype.element_ty)
             v_new = tl.load(row + (num_q_heads + num_kv_heads + kv_head) * HEAD_DIM + offs_d[None, :],
                             mask=d_mask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
             slot = tl.load(slot_ptr + seq).to(tl.int64)

@@ -24,8 +24,8 @@ PREPARE_QKV_CONFIG = env_launch("EMBER_PREPARE_QKV_CONFIG", ("q_parts", "num_war
 @triton.jit
 def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
                HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, ROT_DIM: tl.constexpr,
-               HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, FLOAT_WEIGHT: tl.constexpr = False,
-               W_OFFSET: tl.constexpr = 0.0):
+               HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
+               W_OFFSET: tl.constexpr):
     # [num_heads, HEAD_DIM] row-major at ptr -> float32 [H_PAD, D_PAD], normalised (rounded as ember.ops.norm with
     # weight_offset, apply_weight) and rotated
     dtype = ptr.dtype.element_ty
