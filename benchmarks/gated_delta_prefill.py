@@ -1,8 +1,8 @@
 """One Gated DeltaNet layer's prefill core (ops.gated_delta.gated_delta_prefill: conv, heads, the chunked delta
 rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op with the torch or
 the Triton parallel part (chunk_prepare), the conv, each part alone in torch and in Triton with each dot precision
-("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64. Cases: one long prompt,
-and many short ones (a batch's prefill step).
+("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64, and the scan's Dv slice
+and pipeline depth. Cases: one long prompt, and many short ones (a batch's prefill step).
 
     python benchmarks/gated_delta_prefill.py [--cases 1x8192,64x128,256x128] [--out benchmarks/results/NAME]
 """
@@ -74,12 +74,14 @@ def case(seqs: int, length: int) -> dict:
         row[f"scan_{precision}_err"] = rel(out, want)
         row[f"scan_{precision}_state_err"] = rel(states, want_states)
     tri.PRECISION = "ieee"
-    for block_v in (16, 32, 64):  # the scan's Dv slice per program
-        tri.SCAN_BLOCK_V = block_v
-        out, _ = tri.chunk_scan(*scan_args, initial, plan)
-        assert rel(out, want) < 1e-3, block_v
-        row[f"scan_bv{block_v}_ms"] = cuda_ms(lambda: tri.chunk_scan(*scan_args, initial, plan))
-    tri.SCAN_BLOCK_V = 0
+    default_stages = tri.SCAN_STAGES
+    for block_v in (16, 32, 64):  # the scan's Dv slice per program, and its pipeline depth over chunks
+        for stages in (1, 2):
+            tri.SCAN_BLOCK_V, tri.SCAN_STAGES = block_v, stages
+            out, _ = tri.chunk_scan(*scan_args, initial, plan)
+            assert rel(out, want) < 1e-3, (block_v, stages)
+            row[f"scan_bv{block_v}_s{stages}_ms"] = cuda_ms(lambda: tri.chunk_scan(*scan_args, initial, plan))
+    tri.SCAN_BLOCK_V, tri.SCAN_STAGES = 0, default_stages
     return row
 
 
@@ -96,8 +98,8 @@ def main() -> None:
         rows.append(row)
     cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "prepare_torch_ms", "prepare_ieee_ms",
             "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms", "prepare_ieee_err",
-            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err", "scan_bv16_ms", "scan_bv32_ms",
-            "scan_bv64_ms"]
+            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
+    cols += [f"scan_bv{bv}_s{s}_ms" for bv in (16, 32, 64) for s in (1, 2)]
     print("case " + " ".join(cols))
     for r in rows:
         print(f"{r['seqs']}x{r['length']} " + " ".join(f"{r.get(c, float('nan')):.3g}" for c in cols))

@@ -19,6 +19,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ember.ops.gated_delta import ChunkPlan
 
@@ -27,6 +28,11 @@ PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "ieee")
 # the scan's Dv slice per program (0: 32): narrower slices give more programs where few sequences run (one long
 # prompt: num_heads * Dv / BLOCK_V programs), wider ones fewer reloads of w, q, k and the intra-chunk matrix
 SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
+# the scan's software pipeline depth over chunks: each stage buffers a chunk's w, q, k, u and intra in shared
+# memory (~120 KiB at Dk 128, chunk 64, BLOCK_V 32), so Triton's default of 3 needs 256 KiB, more than a Hopper
+# SM has (227 KiB); 1 holds ~56 KiB and lets several programs share an SM
+SCAN_STAGES = int(os.environ.get("EMBER_DELTA_SCAN_STAGES", "2"))
+_scan_stages: dict[tuple, int] = {}  # the depth that fitted, per scan configuration
 
 
 @triton.jit
@@ -164,9 +170,19 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         return out, saved
     block_k = max(16, triton.next_power_of_2(head_k))
     block_v = min(SCAN_BLOCK_V or 32, max(16, triton.next_power_of_2(head_v)))
-    _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
-        w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
-        HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=PRECISION,
-        num_warps=4,
-    )
+    key = (head_k, head_v, chunk, block_v, PRECISION, SCAN_STAGES)
+    stages = _scan_stages.get(key, SCAN_STAGES)
+    while True:  # the deepest pipeline that fits the SM's shared memory (the tf32 dots stage more than ieee's)
+        try:
+            _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
+                w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
+                HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=PRECISION,
+                num_warps=4, num_stages=stages,
+            )
+            break
+        except OutOfResources:  # raised when the compiled kernel is loaded, before it runs
+            if stages == 1:
+                raise
+            stages -= 1
+    _scan_stages[key] = stages
     return out, saved

@@ -1,0 +1,129 @@
+"""Compile the Triton launches of ops at real model shapes for a Hopper GPU (sm_90) without one, and print what
+each needs: run in its own process (the kernels must be defined without TRITON_INTERPRET), it calls the op
+wrappers on CPU tensors, catches each kernel launch instead of running it, and compiles it with Triton's own
+ptxas for the target. A launch that needs more shared memory than an SM has raises OutOfResources here as it
+does on the GPU (which the interpreter tests cannot see), so the ops' own fallbacks run as they would there.
+
+    python tests/ops/sm90_launches.py   # one JSON line per launch: op, kernel, constexprs, options, shared bytes
+                                        # (and "rejected": true for those refused)
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.errors import OutOfResources
+from triton.runtime.jit import JITFunction
+
+assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
+
+from ember.ops import gated_delta as gd  # noqa: E402
+from ember.ops.triton import gated_delta, gated_delta_prefill, gdn  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
+           torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8"}
+# Qwen3.5 (Qwen3.5-9B / qwen3_5-default): 16 key and 32 value heads of 128, conv 4, chunk 64
+HK, HV, DK, DV, KERNEL, CHUNK = 16, 32, 128, 128, 4, 64
+
+MAX_SHARED = 232448  # an sm_90 thread block may opt into 227 KiB of its SM's 228 KiB
+launches: list[dict] = []  # compiled and within the limits
+rejected: list[dict] = []  # refused as the GPU would refuse them
+
+
+def _catch(self, *args, grid, warmup, **kwargs):
+    """JITFunction.run on a GPU that is not there: compile for TARGET and, like the launch, raise OutOfResources
+    where the kernel needs more shared memory than an SM has; record the launch instead of running it."""
+    options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
+    kwargs.pop("launch_pdl", None)
+    bound = inspect.signature(self.fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    signature, constexprs = _signature(self, bound.arguments)
+    kernel = triton.compile(ASTSource(self, signature, constexprs), target=TARGET, options=options)
+    record = dict(kernel=self.__name__, constexprs={k: str(v) for k, v in constexprs.items()}, options=options,
+                  shared=kernel.metadata.shared)
+    if kernel.metadata.shared > MAX_SHARED:
+        rejected.append(record)
+        raise OutOfResources(kernel.metadata.shared, MAX_SHARED, "shared memory")
+    launches.append(record)
+
+
+def _signature(fn: JITFunction, arguments: dict) -> tuple[dict, dict]:
+    signature, constexprs = {}, {}
+    for param in fn.params:
+        value = arguments[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name] = POINTER[value.dtype]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[param.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: no Triton type for {param.name}={value!r}")
+    return signature, constexprs
+
+
+def qwen3_5_prefill(seqs: int, length: int):
+    tokens, conv_dim = seqs * length, 2 * HK * DK + HV * DV
+    x = torch.zeros(tokens, conv_dim, dtype=torch.bfloat16)
+    g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=torch.bfloat16)
+    plan = gd.ChunkPlan.build([i * length for i in range(seqs + 1)], [-1] * seqs, list(range(seqs)),
+                              [()] * seqs, KERNEL - 1, torch.device("cpu"), chunk_size=CHUNK)
+    f32 = dict(dtype=torch.float32)
+    w, q, k = (torch.zeros(plan.num_chunks, HV, CHUNK, DK, **f32) for _ in range(3))
+    u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)
+    intra, decay = torch.zeros(plan.num_chunks, HV, CHUNK, CHUNK, **f32), torch.zeros(plan.num_chunks, HV, **f32)
+    for precision in ("ieee", "tf32x3", "tf32"):  # every variant gated_delta_prefill.py measures
+        gated_delta_prefill.PRECISION = precision
+        gated_delta_prefill.chunk_prepare(x, g, beta, plan, HK, DK, DV)
+        for block_v in (16, 32, 64):
+            gated_delta_prefill.SCAN_BLOCK_V = block_v
+            gated_delta_prefill.chunk_scan(w, u, q, k, intra, decay, torch.zeros(seqs, HV, DK, DV), plan)
+    gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = "ieee", 0
+
+
+def qwen3_5_decode(seqs: int):
+    conv_dim = 2 * HK * DK + HV * DV
+    slots = torch.arange(seqs, dtype=torch.int32)
+    gated_delta.gated_delta_decode(
+        torch.zeros(seqs, conv_dim, dtype=torch.bfloat16), torch.zeros(conv_dim, KERNEL, dtype=torch.bfloat16),
+        torch.zeros(seqs, HV), torch.zeros(seqs, HV, dtype=torch.bfloat16),
+        torch.zeros(seqs, conv_dim, KERNEL - 1, dtype=torch.bfloat16), torch.zeros(seqs, HV, DK, DV), slots, slots)
+    a = torch.zeros(seqs, HV, dtype=torch.bfloat16)
+    gdn.gdn_gating(a, a, torch.zeros(HV), torch.zeros(HV))
+    core = torch.zeros(seqs, HV, DV, dtype=torch.bfloat16)
+    gdn.gated_rms_norm(core, core, torch.zeros(DV), 1e-6)
+
+
+# the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
+OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
+       "qwen3_5_decode_256": lambda: qwen3_5_decode(256)}
+
+
+def main() -> None:
+    JITFunction.run = _catch
+    for op, call in OPS.items():
+        launches.clear()
+        rejected.clear()
+        call()  # an OutOfResources the op does not handle ends the script with its traceback
+        for record in launches:
+            print(json.dumps(dict(op=op, **record)))
+        for record in rejected:
+            print(json.dumps(dict(op=op, rejected=True, **record)))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
