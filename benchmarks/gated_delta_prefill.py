@@ -2,7 +2,7 @@
 rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op with the torch or
 the Triton parallel part (chunk_prepare), the conv, each part alone in torch and in Triton with each dot precision
 ("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64, and the scan's Dv slice
-and pipeline depth. Cases: one long prompt, and many short ones (a batch's prefill step).
+and pipeline depth (at the default precision). Cases: one long prompt, and many short ones (a batch's prefill step).
 
     python benchmarks/gated_delta_prefill.py [--cases 1x8192,64x128,256x128] [--out benchmarks/results/NAME]
 """
@@ -64,6 +64,7 @@ def case(seqs: int, length: int) -> dict:
     row["prepare_torch_ms"] = cuda_ms(lambda: gd.chunk_prepare(*prep_args))
     if plan.num_chunks <= 512:
         row["scan_torch_ms"] = cuda_ms(lambda: gd.chunk_scan(*scan_args, initial, plan), reps=2)
+    default_precision = tri.PRECISION
     for precision in ("ieee", "tf32x3", "tf32"):
         tri.PRECISION = precision
         got = tri.chunk_prepare(*prep_args)
@@ -73,7 +74,7 @@ def case(seqs: int, length: int) -> dict:
         row[f"scan_{precision}_ms"] = cuda_ms(lambda: tri.chunk_scan(*scan_args, initial, plan))
         row[f"scan_{precision}_err"] = rel(out, want)
         row[f"scan_{precision}_state_err"] = rel(states, want_states)
-    tri.PRECISION = "ieee"
+    tri.PRECISION = default_precision
     default_stages = tri.SCAN_STAGES
     for block_v in (16, 32, 64):  # the scan's Dv slice per program, and its pipeline depth over chunks
         for stages in (1, 2):

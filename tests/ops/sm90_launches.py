@@ -85,13 +85,14 @@ def qwen3_5_prefill(seqs: int, length: int):
     w, q, k = (torch.zeros(plan.num_chunks, HV, CHUNK, DK, **f32) for _ in range(3))
     u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)
     intra, decay = torch.zeros(plan.num_chunks, HV, CHUNK, CHUNK, **f32), torch.zeros(plan.num_chunks, HV, **f32)
+    default = gated_delta_prefill.PRECISION
     for precision in ("ieee", "tf32x3", "tf32"):  # every variant gated_delta_prefill.py measures
         gated_delta_prefill.PRECISION = precision
         gated_delta_prefill.chunk_prepare(x, g, beta, plan, HK, DK, DV)
         for block_v in (16, 32, 64):
             gated_delta_prefill.SCAN_BLOCK_V = block_v
             gated_delta_prefill.chunk_scan(w, u, q, k, intra, decay, torch.zeros(seqs, HV, DK, DV), plan)
-    gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = "ieee", 0
+    gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = default, 0
 
 
 def qwen3_5_decode(seqs: int):

@@ -42,10 +42,10 @@ def test_every_launch_fits_a_hopper_sm():
     kernels = {(r["op"], r["kernel"]) for r in launched}
     assert {("qwen3_5_prefill", "_chunk_prepare_kernel"), ("qwen3_5_prefill", "_chunk_scan_kernel")} <= kernels
     assert {("qwen3_5_decode_256", k) for k in DECODE_KERNELS} <= kernels
-    # the scan at every Dv slice and dot precision the benchmark sweeps; the engine's (ieee, 32) at the default
+    # the scan at every Dv slice and dot precision the benchmark sweeps; the engine's (32, tf32x3) at the default
     # depth of 2, not a fallback
     assert set(scans(launched)) == {(bv, p) for bv in ("16", "32", "64") for p in ("ieee", "tf32x3", "tf32")}
-    assert scans(launched)[("32", "ieee")] == [2]
+    assert scans(launched)[("32", "tf32x3")] == [2]
 
 
 def test_scan_falls_back_to_a_shallower_pipeline():
@@ -54,6 +54,6 @@ def test_scan_falls_back_to_a_shallower_pipeline():
     records = sm90_launches(EMBER_DELTA_SCAN_STAGES="3")
     rejected, launched = scans([r for r in records if r.get("rejected")]), scans([r for r in records
                                                                                   if not r.get("rejected")])
-    assert 3 in rejected[("32", "ieee")]
-    assert launched[("32", "ieee")] == [2]
+    assert 3 in rejected[("32", "tf32x3")]
+    assert launched[("32", "tf32x3")] == [2]
     assert set(launched) == {(bv, p) for bv in ("16", "32", "64") for p in ("ieee", "tf32x3", "tf32")}

@@ -23,8 +23,10 @@ from triton.runtime.errors import OutOfResources
 
 from ember.ops.gated_delta import ChunkPlan
 
-# the dots' input precision: "ieee" (fp32 FMA, the reference's arithmetic), "tf32x3" or "tf32" (tensor cores)
-PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "ieee")
+# the dots' input precision: "tf32x3" (three tf32 tensor-core products per fp32 one: the error of fp32, ~3e-7 at
+# qwen3_5-default's shape), "tf32" (one: ~7e-4) or "ieee" (fp32 FMA; on an H100 ~40x slower than tf32x3 at
+# Dk 128, its [64, 128] x [128, BLOCK_V] fp32 tiles exhaust the registers)
+PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "tf32x3")
 # the scan's Dv slice per program (0: 32): narrower slices give more programs where few sequences run (one long
 # prompt: num_heads * Dv / BLOCK_V programs), wider ones fewer reloads of w, q, k and the intra-chunk matrix
 SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
@@ -172,7 +174,7 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     block_v = min(SCAN_BLOCK_V or 32, max(16, triton.next_power_of_2(head_v)))
     key = (head_k, head_v, chunk, block_v, PRECISION, SCAN_STAGES)
     stages = _scan_stages.get(key, SCAN_STAGES)
-    while True:  # the deepest pipeline that fits the SM's shared memory (the tf32 dots stage more than ieee's)
+    while True:  # the deepest pipeline that fits the SM's shared memory (tf32 at 2 stages needs ~256 KiB)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
                 w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
