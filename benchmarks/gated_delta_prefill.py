@@ -1,6 +1,6 @@
 """One Gated DeltaNet layer's prefill core (ops.gated_delta.gated_delta_prefill: conv, heads, the chunked delta
 rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op with the torch or
-the Triton parallel part (chunk_prepare), the conv, each part alone in torch and in Triton with each dot precision
+the Triton parallel part (chunk_prepare) and conv windows, the conv (torch and Triton windows), each part alone in torch and in Triton with each dot precision
 ("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64, and the scan's Dv slice
 and pipeline depth (at the default precision). Cases: one long prompt, and many short ones (a batch's prefill step).
 
@@ -57,10 +57,16 @@ def case(seqs: int, length: int) -> dict:
         return ((a.double() - b).norm() / b.norm()).item()
 
     row = dict(seqs=seqs, length=length, tokens=tokens, chunks=plan.num_chunks)
-    for name, prepare in (("torch", gd.chunk_prepare), ("triton", tri.chunk_prepare)):
+    for name, prepare, windows in (("torch", gd.chunk_prepare, gd.conv_windows),
+                                   ("triton", tri.chunk_prepare, tri.conv_windows)):
         row[f"op_{name}_prepare_ms"] = cuda_ms(lambda: gd.gated_delta_prefill(
-            mixed, weight, g, beta, conv_state, ssm_state, plan, HK, prepare=prepare, scan=tri.chunk_scan))
+            mixed, weight, g, beta, conv_state, ssm_state, plan, HK, prepare=prepare, scan=tri.chunk_scan,
+            windows=windows))
     row["conv_ms"] = cuda_ms(lambda: gd.varlen_causal_conv1d(mixed, weight, conv_state, plan))
+    row["conv_triton_ms"] = cuda_ms(lambda: gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+                                                                    windows=tri.conv_windows))
+    row["conv_triton_err"] = rel(gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+                                                         windows=tri.conv_windows)[0], conv_out.double())
     row["prepare_torch_ms"] = cuda_ms(lambda: gd.chunk_prepare(*prep_args))
     if plan.num_chunks <= 512:
         row["scan_torch_ms"] = cuda_ms(lambda: gd.chunk_scan(*scan_args, initial, plan), reps=2)
@@ -97,7 +103,7 @@ def main() -> None:
         row = case(seqs, length)
         tqdm.write(json.dumps(row))
         rows.append(row)
-    cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "prepare_torch_ms", "prepare_ieee_ms",
+    cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "conv_triton_ms", "prepare_torch_ms", "prepare_ieee_ms",
             "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms", "prepare_ieee_err",
             "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
     cols += [f"scan_bv{bv}_s{s}_ms" for bv in (16, 32, 64) for s in (1, 2)]

@@ -34,6 +34,8 @@ POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp1
 HK, HV, DK, DV, KERNEL, CHUNK = 16, 32, 128, 128, 4, 64
 
 MAX_SHARED = 232448  # an sm_90 thread block may opt into 227 KiB of its SM's 228 KiB
+# the scan's dot precisions compiled: by default every one benchmarks/gated_delta_prefill.py measures
+PRECISIONS = os.environ.get("SM90_PRECISIONS", "ieee,tf32x3,tf32").split(",")
 launches: list[dict] = []  # compiled and within the limits
 rejected: list[dict] = []  # refused as the GPU would refuse them
 
@@ -81,12 +83,15 @@ def qwen3_5_prefill(seqs: int, length: int):
     g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=torch.bfloat16)
     plan = gd.ChunkPlan.build([i * length for i in range(seqs + 1)], [-1] * seqs, list(range(seqs)),
                               [()] * seqs, KERNEL - 1, torch.device("cpu"), chunk_size=CHUNK)
+    weight = torch.zeros(conv_dim, KERNEL, dtype=torch.bfloat16)
+    gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=torch.bfloat16), weight, plan,
+                                     torch.bfloat16)
     f32 = dict(dtype=torch.float32)
     w, q, k = (torch.zeros(plan.num_chunks, HV, CHUNK, DK, **f32) for _ in range(3))
     u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)
     intra, decay = torch.zeros(plan.num_chunks, HV, CHUNK, CHUNK, **f32), torch.zeros(plan.num_chunks, HV, **f32)
     default = gated_delta_prefill.PRECISION
-    for precision in ("ieee", "tf32x3", "tf32"):  # every variant gated_delta_prefill.py measures
+    for precision in PRECISIONS:
         gated_delta_prefill.PRECISION = precision
         gated_delta_prefill.chunk_prepare(x, g, beta, plan, HK, DK, DV)
         for block_v in (16, 32, 64):

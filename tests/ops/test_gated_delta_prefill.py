@@ -95,6 +95,24 @@ def test_varlen_conv_one_buffer_equals_per_sequence():
     torch.testing.assert_close(whole, each, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
+def test_triton_conv_windows_match_reference(dtype):
+    """The conv-window kernel against the torch conv over the same buffer: sequences shorter than the window,
+    fresh and carried states, channels over more than one program block (300 > 256)."""
+    pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
+    from ember.ops import triton as tri
+    weight, conv_state, _ = make_layer(2, 5, 12, 36, 4, seed=6)  # conv_dim 228
+    weight = torch.cat([weight, weight[:72]]).to(DEVICE, dtype)  # 300 channels
+    conv_state = torch.cat([conv_state, conv_state[:, :72]], dim=1).to(DEVICE, dtype)
+    mixed = make_tokens(70, 300, 1, seed=7)[0].to(DEVICE, dtype)
+    plan = gd.ChunkPlan.build([0, 2, 3, 50, 70], [4, -1, 1, -1], [0, 1, 2, 3], [(), (), ((20, 6),), ()], 3,
+                              torch.device(DEVICE))
+    want, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=False)
+    got, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, windows=tri.gated_delta_conv_windows)
+    assert torch.equal(buf, buf2) and got.dtype == want.dtype == dtype
+    assert_close(got, want, 1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_chunk_plan_layout():
     """Cuts where states are due, each piece padded to whole chunks; rows saved at each cut's last chunk."""
     plan = gd.ChunkPlan.build([0, 100, 103], [-1, 4], [0, 1], [((64, 5), (70, 6)), ((3, 7),)], 3,
@@ -116,11 +134,13 @@ def test_chunk_plan_layout():
 
 
 @pytest.mark.parametrize("lengths,reads,writes,snapshots,kernels,block_v",
-                         [(*case, kernels, 0) for case in CASES[1:3] for kernels in ("prepare", "scan", "both")]
+                         [(*case, kernels, 0) for case in CASES[1:3]
+                          for kernels in ("prepare", "scan", "conv", "all")]
                          + [(*CASES[2], "scan", 16), (*CASES[2], "scan", 64)])
 def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots, kernels, block_v, monkeypatch):
-    """The Triton prepare and scan kernels, each alone and both, in place of the torch parts of the prefill; the
-    scan with its default Dv slice (32: two programs over Dv = 40), and 16 (three) and 64 (one, masked)."""
+    """The Triton prepare, scan and conv-window kernels, each alone and all three, in place of the torch parts of
+    the prefill; the scan with its default Dv slice (32: two programs over Dv = 40), and 16 (three) and 64 (one,
+    masked)."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
     from ember.ops.triton import gated_delta_prefill as tri_prefill
@@ -134,10 +154,11 @@ def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots,
     args = [x.to(DEVICE) for x in (mixed, weight, g, beta)]
     plan = gd.ChunkPlan.build(starts, reads, writes, snapshots, kernel - 1, torch.device(DEVICE))
     states = [(conv_state.to(DEVICE).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
-    prepare = tri.gated_delta_chunk_prepare if kernels != "scan" else gd.chunk_prepare
-    scan = tri.gated_delta_chunk_scan if kernels != "prepare" else gd.chunk_scan
+    prepare = tri.gated_delta_chunk_prepare if kernels in ("prepare", "all") else gd.chunk_prepare
+    scan = tri.gated_delta_chunk_scan if kernels in ("scan", "all") else gd.chunk_scan
+    windows = tri.gated_delta_conv_windows if kernels in ("conv", "all") else gd.conv_windows
     want = gd.gated_delta_prefill(*args, *states[0], plan, hk)
-    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan)
+    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan, windows=windows)
     assert_close(out, want, 1e-5)
     assert_close(states[1][1], states[0][1], 1e-5)
     assert torch.equal(states[1][0], states[0][0])

@@ -53,6 +53,7 @@ gdn_gating = _select("gdn_gating", activation.gdn_gating)
 gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decode)
 gated_delta_chunk_prepare = _select("gated_delta_chunk_prepare", gated_delta.chunk_prepare)
 gated_delta_chunk_scan = _select("gated_delta_chunk_scan", gated_delta.chunk_scan)
+gated_delta_conv_windows = _select("gated_delta_conv_windows", gated_delta.conv_windows)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 gated_linear_parts = _select("gated_linear_parts", gemm.gated_linear_parts)
@@ -60,9 +61,9 @@ rms_norm_linear = _select("rms_norm_linear", gemm.rms_norm_linear)
 row_argmax = _select("row_argmax", reduce.row_argmax)
 
 __all__ = ["act_mul", "add_rms_norm", "apply_rotary", "gated_delta_chunk_prepare", "gated_delta_chunk_scan",
-           "gated_delta_decode", "gated_linear", "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear",
-           "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_add_rms_norm",
-           "rms_norm_linear", "row_argmax", "triton_enabled", "write_kv"]
+           "gated_delta_conv_windows", "gated_delta_decode", "gated_linear", "gated_linear_parts", "gated_rms_norm",
+           "gdn_gating", "linear", "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add",
+           "rms_norm_add_rms_norm", "rms_norm_linear", "row_argmax", "triton_enabled", "write_kv"]
 
 if SKIPPED - set(__all__):
     raise ValueError(f"EMBER_TRITON_SKIP names unknown ops {sorted(SKIPPED - set(__all__))}; "

@@ -18,7 +18,8 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor,
+                       conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence. x: [B, C]; conv_state: [B, C, K-1] -> ([B, C] outputs, [B, C, K-1] new states)."""
     window = torch.cat([conv_state.to(weight.dtype), x[:, :, None].to(weight.dtype)], dim=-1)  # [B, C, K]
     out = (window * weight[None]).sum(-1)
@@ -123,29 +124,41 @@ class ChunkPlan:
 
 
 def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
-                         per_sequence: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         per_sequence: bool | None = None, windows=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
     conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). per_sequence: one conv per
-    sequence (the default on CPU, where each conv's inputs stay in cache) or one over the whole buffer (GPU)."""
-    channels, width = weight.shape[0], plan.width
+    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows or a
+    kernel with its signature."""
+    channels = weight.shape[0]
     buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
     start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
     buf[plan.state_cols] = start.transpose(1, 2)
     buf[plan.token_cols] = x.to(weight.dtype)
-    if not (per_sequence if per_sequence is not None else not x.is_cuda):
+    if windows is None:
+        return conv_windows(buf, weight, plan, x.dtype, per_sequence), buf
+    return windows(buf, weight, plan, x.dtype), buf
+
+
+def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
+                 per_sequence: bool | None = None) -> torch.Tensor:
+    """SiLU of the depthwise conv of each token's window: buf [buffer_len, C] (varlen_causal_conv1d's), weight
+    [C, K] -> [T, C] in out_dtype, token t's window being buffer rows plan.token_cols[t] - (K-1) .. token_cols[t].
+    per_sequence: one conv per sequence (the default on CPU, where each conv's inputs stay in cache) or one over
+    the whole buffer."""
+    channels, width = weight.shape[0], plan.width
+    if not (per_sequence if per_sequence is not None else not buf.is_cuda):
         # one conv over the whole buffer; column j of its output is the window ending at row j + K-1
         out = F.conv1d(buf.t().contiguous()[None], weight[:, None, :], groups=channels)[0]
         out = out.t().contiguous()[plan.token_cols - width]
     else:  # the same windows, the same sums
-        out = x.new_empty(x.shape, dtype=weight.dtype)
+        out = buf.new_empty(plan.token_cols.shape[0], channels)
         token = 0
         for a, b in zip(plan.buffer_starts_cpu[:-1], plan.buffer_starts_cpu[1:]):
             if b - a > width:
                 seq = F.conv1d(buf[a:b].t()[None], weight[:, None, :], groups=channels)[0]
                 out[token:token + b - a - width] = seq.t()
                 token += b - a - width
-    return F.silu(out).to(x.dtype), buf
+    return F.silu(out).to(out_dtype)
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
@@ -211,12 +224,13 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
 
 def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                         conv_state: torch.Tensor, ssm_state: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
-                        prepare=chunk_prepare, scan=chunk_scan) -> torch.Tensor:
+                        prepare=chunk_prepare, scan=chunk_scan, windows=conv_windows) -> torch.Tensor:
     """A prefill step's tokens (any number of sequences) through a Gated DeltaNet layer: the causal conv + SiLU,
     the q/k/v heads and the chunked (WY / UT-transform) gated delta rule, batched over every chunk of every
-    sequence (`prepare`: chunk_prepare or a kernel with its signature); only `scan` (chunk_scan, or a kernel)
-    runs the chunks in order. States start from the slots plan.reads names (zeros where fresh) and the states
-    due (snapshots, each sequence's working slot) are written into their slots.
+    sequence (`prepare`: chunk_prepare or a kernel with its signature; `windows`: the conv's, conv_windows or a
+    kernel); only `scan` (chunk_scan, or a kernel) runs the chunks in order. States start from the slots
+    plan.reads names (zeros where fresh) and the states due (snapshots, each sequence's working slot) are written
+    into their slots.
 
     mixed: [T, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay), beta: [T, Hv];
     conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32. Returns [T, Hv, Dv] in
@@ -224,7 +238,7 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     """
     num_v_heads, head_k, head_v = ssm_state.shape[1:]
     initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
-    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan)
+    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
     out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), initial, plan)
     for row, seq in plan.initial_rows:
         saved[row] = initial[seq]

@@ -1,5 +1,7 @@
-"""The chunked gated delta rule of a prefill step in two launches, with the signatures of the torch references
-ember.ops.gated_delta.chunk_prepare and chunk_scan (ops.gated_delta.gated_delta_prefill runs them in turn):
+"""A prefill step's Gated DeltaNet core: the conv's windows (ember.ops.gated_delta.conv_windows: depthwise conv +
+SiLU of each token's window in the step's token-major conv buffer), and the chunked gated delta rule in two
+launches, with the signatures of the torch references chunk_prepare and chunk_scan
+(ops.gated_delta.gated_delta_prefill runs them in turn):
 
 1. chunk_prepare, grid (chunk, value head): the chunk's tokens read straight from the conv output (the plan's
    chunk_first / chunk_len; no padded copies), q/k l2-normed, the cumulative log decay, the masked and decayed
@@ -35,6 +37,38 @@ SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
 # SM has (227 KiB); 1 holds ~56 KiB and lets several programs share an SM
 SCAN_STAGES = int(os.environ.get("EMBER_DELTA_SCAN_STAGES", "2"))
 _scan_stages: dict[tuple, int] = {}  # the depth that fitted, per scan configuration
+
+
+@triton.jit
+def _conv_windows_kernel(buf_ptr, w_ptr, cols_ptr, out_ptr, num_tokens, channels, stride_buf, stride_w, stride_out,
+                         KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    t_mask, ch_mask = t < num_tokens, ch < channels
+    mask = t_mask[:, None] & ch_mask[None, :]
+    last = tl.load(cols_ptr + t, mask=t_mask, other=KERNEL - 1).to(tl.int64)  # the window's last buffer row
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for i in tl.static_range(KERNEL):
+        x = tl.load(buf_ptr + (last - (KERNEL - 1 - i))[:, None] * stride_buf + ch[None, :], mask=mask, other=0.0)
+        w = tl.load(w_ptr + ch * stride_w + i, mask=ch_mask, other=0.0)
+        acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
+    acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)  # the reference's conv output is in the weight's dtype
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_out + ch[None, :],
+             (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype) -> torch.Tensor:
+    channels, kernel = weight.shape
+    cols = plan.token_cols
+    assert buf.shape[1] == channels and buf.stride(1) == 1 and weight.stride(1) == 1 and kernel == plan.width + 1
+    out = torch.empty(cols.shape[0], channels, dtype=out_dtype, device=buf.device)
+    if cols.numel():
+        block_c = min(256, triton.next_power_of_2(channels))
+        _conv_windows_kernel[(triton.cdiv(cols.shape[0], 16), triton.cdiv(channels, block_c))](
+            buf, weight, cols, out, cols.shape[0], channels, buf.stride(0), weight.stride(0), out.stride(0),
+            KERNEL=kernel, BLOCK_T=16, BLOCK_C=block_c, num_warps=4,
+        )
+    return out
 
 
 @triton.jit
