@@ -178,3 +178,14 @@ def test_triton_chunk_prepare_matches_reference():
     for name, a, b in zip(("w", "u", "q", "k", "intra", "chunk_decay"), got, want):
         assert a.shape == b.shape, name
         assert_close(a, b, 1e-5)
+
+
+def test_auto_precision_follows_the_model_dtype(monkeypatch):
+    """tf32 dots in the prepare kernel for half-precision models only; float32 models keep fp32's error."""
+    pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
+    from ember.ops.triton import gated_delta_prefill as tri_prefill
+    monkeypatch.setattr(tri_prefill, "PRECISION", "auto")
+    assert [tri_prefill._precision(d) for d in (torch.bfloat16, torch.float16, torch.float32)] == [
+        "tf32", "tf32", "tf32x3"]
+    monkeypatch.setattr(tri_prefill, "PRECISION", "ieee")
+    assert tri_prefill._precision(torch.bfloat16) == "ieee"

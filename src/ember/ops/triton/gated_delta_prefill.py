@@ -26,9 +26,19 @@ from triton.runtime.errors import OutOfResources
 from ember.ops.gated_delta import ChunkPlan
 
 # the dots' input precision: "tf32x3" (three tf32 tensor-core products per fp32 one: the error of fp32, ~3e-7 at
-# qwen3_5-default's shape), "tf32" (one: ~7e-4) or "ieee" (fp32 FMA; on an H100 ~40x slower than tf32x3 at
-# Dk 128, its [64, 128] x [128, BLOCK_V] fp32 tiles exhaust the registers)
-PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "tf32x3")
+# qwen3_5-default's shape), "tf32" (one: ~7.7e-4, not growing over 128 chunks) or "ieee" (fp32 FMA; on an H100
+# ~40x slower than tf32x3 at Dk 128, its [64, 128] x [128, BLOCK_V] fp32 tiles exhaust the registers). "auto": the
+# prepare kernel in tf32 for bf16 / fp16 models (3x faster; its error is a fifth of the activations' own rounding,
+# 2^-8) and tf32x3 for float32 ones; the scan, whose inputs are float32 either way, in tf32x3.
+PRECISION = os.environ.get("EMBER_DELTA_SCAN_PRECISION", "auto")
+if PRECISION not in ("auto", "tf32x3", "tf32", "ieee"):
+    raise ValueError(f"EMBER_DELTA_SCAN_PRECISION={PRECISION!r}; allowed: auto, tf32x3, tf32, ieee")
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if PRECISION != "auto":
+        return PRECISION
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 # the scan's Dv slice per program (0: 32): narrower slices give more programs where few sequences run (one long
 # prompt: num_heads * Dv / BLOCK_V programs), wider ones fewer reloads of w, q, k and the intra-chunk matrix
 SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
@@ -186,7 +196,7 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
             x.stride(0), g.stride(0), beta.stride(0), num_heads, head_k**-0.5,
             NUM_K_HEADS=num_k_heads, HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk,
             BLOCK_K=max(16, triton.next_power_of_2(head_k)), BLOCK_V=max(16, triton.next_power_of_2(head_v)),
-            PRECISION=PRECISION, num_warps=8,
+            PRECISION=_precision(x.dtype), num_warps=8,
         )
     return w, u, q, k, intra, chunk_decay
 
@@ -206,13 +216,14 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         return out, saved
     block_k = max(16, triton.next_power_of_2(head_k))
     block_v = min(SCAN_BLOCK_V or 32, max(16, triton.next_power_of_2(head_v)))
-    key = (head_k, head_v, chunk, block_v, PRECISION, SCAN_STAGES)
+    precision = _precision(torch.float32)
+    key = (head_k, head_v, chunk, block_v, precision, SCAN_STAGES)
     stages = _scan_stages.get(key, SCAN_STAGES)
     while True:  # the deepest pipeline that fits the SM's shared memory (tf32 at 2 stages needs ~256 KiB)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
                 w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
-                HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=PRECISION,
+                HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
                 num_warps=4, num_stages=stages,
             )
             break
