@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ember.ops import gated_delta as gd
-from tests.ops.kernel_checks import DEVICE, TRITON_MIN_VERSION, assert_close
+from tests.ops.kernel_checks import DEVICE, DTYPES, TRITON_MIN_VERSION, assert_close
 
 NUM_SLOTS = 12
 
@@ -161,6 +161,32 @@ def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots,
     out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan, windows=windows)
     assert_close(out, want, 1e-5)
     assert_close(states[1][1], states[0][1], 1e-5)
+    assert torch.equal(states[1][0], states[0][0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_triton_prefill_in_model_dtype(dtype):
+    """All three kernels with the model's activations in `dtype` (on CUDA also bf16, where the prepare kernel's
+    dots run in tf32) against the torch parts on the same inputs (which compute in float32)."""
+    pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
+    from ember.ops import triton as tri
+    hk, hv, dk, dv, kernel = 2, 4, 32, 64, 4
+    lengths, reads, writes, snapshots = CASES[2]
+    weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=8)
+    mixed, g, beta = make_tokens(sum(lengths), weight.shape[0], hv, seed=9)
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    args = [mixed.to(DEVICE, dtype), weight.to(DEVICE, dtype), g.to(DEVICE), beta.to(DEVICE, dtype)]
+    plan = gd.ChunkPlan.build(starts, reads, writes, snapshots, kernel - 1, torch.device(DEVICE))
+    states = [(conv_state.to(DEVICE, dtype).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
+    want = gd.gated_delta_prefill(*args, *states[0], plan, hk)
+    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=tri.gated_delta_chunk_prepare,
+                                 scan=tri.gated_delta_chunk_scan, windows=tri.gated_delta_conv_windows)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert_close(out, want, tol)
+    assert_close(states[1][1], states[0][1], tol / 10)  # the fp32 state: tf32's error, not bf16's
     assert torch.equal(states[1][0], states[0][0])
 
 
