@@ -39,6 +39,8 @@ def _precision(dtype: torch.dtype) -> str:
     if PRECISION != "auto":
         return PRECISION
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
 # the scan's Dv slice per program (0: 32): narrower slices give more programs where few sequences run (one long
 # prompt: num_heads * Dv / BLOCK_V programs), wider ones fewer reloads of w, q, k and the intra-chunk matrix
 SCAN_BLOCK_V = int(os.environ.get("EMBER_DELTA_SCAN_BLOCK_V", "0"))
