@@ -1,8 +1,9 @@
 """One Gated DeltaNet layer's prefill core (ops.gated_delta.gated_delta_prefill: conv, heads, the chunked delta
 rule) in qwen3_5-default's shape (16 key / 32 value heads of 128, conv 4), on CUDA: the whole op with the torch or
-the Triton parallel part (chunk_prepare) and conv windows, the conv (torch and Triton windows), each part alone in torch and in Triton with each dot precision
-("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch parts in float64, and the scan's Dv slice
-and pipeline depth (at the default precision). Cases: one long prompt, and many short ones (a batch's prefill step).
+the Triton parallel part (chunk_prepare) and conv windows, the conv (torch and Triton windows), each part alone in
+torch and in Triton with each dot precision ("ieee" fp32, "tf32x3", "tf32"), and each one's error against the torch
+parts in float64, and the scan's Dv slice and pipeline depth (at the default precision). Cases: one long prompt,
+and many short ones (a batch's prefill step).
 
     python benchmarks/gated_delta_prefill.py [--cases 1x8192,64x128,256x128] [--out benchmarks/results/NAME]
 """
@@ -103,9 +104,9 @@ def main() -> None:
         row = case(seqs, length)
         tqdm.write(json.dumps(row))
         rows.append(row)
-    cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "conv_triton_ms", "prepare_torch_ms", "prepare_ieee_ms",
-            "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms", "prepare_ieee_err",
-            "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
+    cols = ["op_torch_prepare_ms", "op_triton_prepare_ms", "conv_ms", "conv_triton_ms", "prepare_torch_ms",
+            "prepare_ieee_ms", "prepare_tf32_ms", "scan_torch_ms", "scan_ieee_ms", "scan_tf32x3_ms", "scan_tf32_ms",
+            "prepare_ieee_err", "prepare_tf32_err", "scan_ieee_err", "scan_tf32x3_err", "scan_tf32_err"]
     cols += [f"scan_bv{bv}_s{s}_ms" for bv in (16, 32, 64) for s in (1, 2)]
     print("case " + " ".join(cols))
     for r in rows:

@@ -5,6 +5,8 @@ outputs, the states written into working and snapshot slots, and the Triton chun
 The Triton scan runs on CPU tensors under TRITON_INTERPRET=1 here and compiled on CUDA."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -89,8 +91,10 @@ def test_varlen_conv_one_buffer_equals_per_sequence():
     mixed, _, _ = make_tokens(107, weight.shape[0], 4, seed=2)
     plan = gd.ChunkPlan.build([0, 40, 40, 101, 107], [3, -1, 5, -1], [0, 1, 2, 4], [(), (), ((30, 6),), ()], 3,
                               torch.device("cpu"))
-    whole, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=False)
-    each, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=True)
+    whole, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+                                         windows=functools.partial(gd.conv_windows, per_sequence=False))
+    each, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+                                         windows=functools.partial(gd.conv_windows, per_sequence=True))
     assert whole.shape == mixed.shape and torch.equal(buf, buf2)
     torch.testing.assert_close(whole, each, rtol=1e-6, atol=1e-6)
 
@@ -107,7 +111,8 @@ def test_triton_conv_windows_match_reference(dtype):
     mixed = make_tokens(70, 300, 1, seed=7)[0].to(DEVICE, dtype)
     plan = gd.ChunkPlan.build([0, 2, 3, 50, 70], [4, -1, 1, -1], [0, 1, 2, 3], [(), (), ((20, 6),), ()], 3,
                               torch.device(DEVICE))
-    want, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, per_sequence=False)
+    want, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+                                        windows=functools.partial(gd.conv_windows, per_sequence=False))
     got, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, windows=tri.gated_delta_conv_windows)
     assert torch.equal(buf, buf2) and got.dtype == want.dtype == dtype
     assert_close(got, want, 1e-6 if dtype == torch.float32 else 1e-2)

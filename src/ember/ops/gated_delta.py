@@ -124,19 +124,17 @@ class ChunkPlan:
 
 
 def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
-                         per_sequence: bool | None = None, windows=None) -> tuple[torch.Tensor, torch.Tensor]:
+                         windows=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
     conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows or a
-    kernel with its signature."""
+    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows (the
+    default) or a kernel with its signature."""
     channels = weight.shape[0]
     buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
     start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
     buf[plan.state_cols] = start.transpose(1, 2)
     buf[plan.token_cols] = x.to(weight.dtype)
-    if windows is None:
-        return conv_windows(buf, weight, plan, x.dtype, per_sequence), buf
-    return windows(buf, weight, plan, x.dtype), buf
+    return (windows or conv_windows)(buf, weight, plan, x.dtype), buf
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
