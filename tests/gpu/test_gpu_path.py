@@ -1,8 +1,9 @@
 """The CUDA path (Triton kernels, CUDA-graph decode) against the CPU float32 path.
 
-Teacher-forced: one 552-token sequence (a prompt and the CPU's greedy continuation) is fed to both paths; on the
-GPU the prompt goes through the prefill kernel and every later token through a captured decode step. In bf16 its
-logits must be within 1e-2 relative error of the CPU's and pick the same argmax at >= 99% of the 512 positions.
+Teacher-forced (tests/parity/teacher_forced.py): the GPU generates 512 greedy tokens after a 40-token prompt,
+its prompt through the prefill kernel and every later token through a captured decode step, and CPU float32
+scores the same 552 tokens. In bf16 its logits must be within 1e-2 relative error of the CPU's and pick the same
+argmax at >= 99% of the 512 positions.
 """
 from __future__ import annotations
 
@@ -11,25 +12,13 @@ import torch
 
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
+from tests.parity.teacher_forced import NUM_STEPS, PROMPT_LEN, teacher_forced
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-NUM_STEPS = 512
-PROMPT_LEN = 40
 
 
 def _seq(tokens: list[int], start: int, blocks: list[int]) -> ScheduledSeq:
     return ScheduledSeq("x", tokens, start, blocks, True, SamplingParams(), 0, tokens, [], [])
-
-
-def cpu_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
-    """Logits of every position (one prefill), [len(tokens), V] float32."""
-    runner = llm.engine.runner
-    blocks = list(range(1, -(-len(tokens) // runner.block_size) + 1))
-    inputs = runner._prepare(SchedulerOutput([_seq(tokens, 0, blocks)], len(tokens), []))
-    with torch.inference_mode():
-        hidden = runner.model(inputs.input_ids, inputs.positions, inputs.meta)
-        return runner.model.compute_logits(hidden).float()
 
 
 def gpu_teacher_forced(llm: LLM, tokens: list[int], prompt_len: int) -> torch.Tensor:
@@ -50,40 +39,37 @@ def gpu_teacher_forced(llm: LLM, tokens: list[int], prompt_len: int) -> torch.Te
     return torch.cat(rows)
 
 
-def _teacher_forced_errors(model_dir, gpu_dtype: str) -> tuple[float, float, float, float]:
-    """(rel. error, argmax agreement) of the GPU's decode-graph logits and (rel. error of its prefill logits,
-    argmax agreement of the CPU bf16 reference) against CPU float32, over NUM_STEPS teacher-forced positions."""
-    cpu = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
-    gpu = LLM(str(model_dir), dtype=gpu_dtype, device="cuda", progress=False, kv_cache_gb=1)
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 500, (PROMPT_LEN,), generator=g).tolist()
-    params = SamplingParams(max_tokens=NUM_STEPS, temperature=0, ignore_eos=True)
-    tokens = prompt + cpu.generate([prompt], params)[0].outputs[0].token_ids
-    ref = cpu_logits(cpu, tokens)[PROMPT_LEN - 1:]  # [NUM_STEPS + 1, V]: rows predicting tokens[PROMPT_LEN:]
-    ours = gpu_teacher_forced(gpu, tokens, PROMPT_LEN).cpu()
-    assert ours.shape == ref.shape and torch.isfinite(ours).all()
-    whole = cpu_logits(gpu, tokens)[PROMPT_LEN - 1:].cpu()  # the prefill kernel over the whole sequence
-    bf16_cpu = cpu_logits(LLM(str(model_dir), dtype="bfloat16", device="cpu", progress=False), tokens)[PROMPT_LEN - 1:]
+def bf16_against_cpu(model_dir, **llm_kwargs) -> None:
+    """bf16 on the GPU within bf16 tolerance of CPU float32 (tests/parity/teacher_forced.py), its decode steps in
+    captured graphs. The bar is 99% argmax agreement; where CPU bf16 itself agrees less often (near-ties of a random
+    model), the GPU must come within a point of it."""
+    reference = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
+    gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1, **llm_kwargs)
+    graph_steps = count_graph_steps(gpu)
+    result = teacher_forced(gpu, reference)
+    assert len(graph_steps) >= NUM_STEPS - 1, "decode steps should run in captured graphs"
+    result.assert_bf16_tolerance(str(model_dir))
+    cpu_bf16 = teacher_forced(LLM(str(model_dir), dtype="bfloat16", device="cpu", progress=False, **llm_kwargs),
+                              reference)
+    assert result.agree >= min(0.99, cpu_bf16.agree - 0.01), f"argmax agreement {result.agree:.3f} " \
+        f"(CPU bf16: {cpu_bf16.agree:.3f})"
 
-    def rel(x):
-        return ((x - ref).norm() / ref.norm()).item()
 
-    def agree(x):
-        return (x.argmax(-1) == ref.argmax(-1)).float().mean().item()
-
-    return rel(ours), agree(ours), rel(whole), agree(bf16_cpu)
+def count_graph_steps(llm: LLM) -> list[int]:
+    """The batch size of every step the LLM runs through its CUDA graphs from now on."""
+    graphs, sizes = llm.engine.runner.graphs, []
+    assert graphs is not None, "the CUDA runner should capture decode graphs"
+    run = graphs.run
+    graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
+    return sizes
 
 
 @pytest.mark.parametrize("shape", ["tiny", "tiny-llama"])
 def test_gpu_bf16_matches_cpu_fp32_teacher_forced(shape, tmp_path):
-    """bf16 on the GPU within bf16 tolerance of float32 on the CPU, on the demo models (bf16-stored weights,
-    real-model init scale). The bar is 99% argmax agreement; where the torch reference itself, run in bf16 on
-    the CPU, agrees less often (near-ties of a random model), the GPU must come within a point of it."""
+    """The demo models (bf16-stored weights, real-model init scale)."""
     from ember.demo import make_demo_model
 
-    rel, agree, rel_prefill, agree_bf16_ref = _teacher_forced_errors(make_demo_model(tmp_path, shape), "bfloat16")
-    assert rel < 1e-2 and rel_prefill < 1e-2, f"{shape}: relative logits error {rel:.2e} / {rel_prefill:.2e}"
-    assert agree >= min(0.99, agree_bf16_ref - 0.01), f"{shape}: argmax agreement {agree:.3f} ({agree_bf16_ref:.3f})"
+    bf16_against_cpu(make_demo_model(tmp_path, shape))
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen3", "qwen2", "mistral-window"])
@@ -91,9 +77,12 @@ def test_gpu_fp32_matches_cpu_fp32_teacher_forced(arch, hf_models):
     """The parity configs (GQA ratios, biases, q/k norm, odd head dims, sliding window) in float32 on the GPU:
     their random weights make bf16 drift by 2-7% even in the torch reference, so kernels are held to fp32."""
     model_dir, _ = hf_models(arch)
-    rel, agree, rel_prefill, _ = _teacher_forced_errors(model_dir, "float32")
-    assert rel < 1e-3 and rel_prefill < 1e-3, f"{arch}: relative logits error {rel:.2e} / {rel_prefill:.2e}"
-    assert agree >= 0.99, f"{arch}: argmax agreement {agree:.3f}"
+    reference = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
+    result = teacher_forced(LLM(str(model_dir), dtype="float32", device="cuda", progress=False, kv_cache_gb=1),
+                            reference)
+    assert result.rel < 1e-3 and result.rel_prefill < 1e-3, f"{arch}: relative logits error {result.rel:.2e} / " \
+        f"{result.rel_prefill:.2e}"
+    assert result.agree >= 0.99, f"{arch}: argmax agreement {result.agree:.3f}"
 
 
 def test_engine_runs_graph_and_eager_steps(hf_models):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams
-from tests.parity.hybrid_models import build_hybrid_model
+from tests.gpu.test_gpu_path import bf16_against_cpu
+from tests.parity.hybrid_models import build_bf16_model, build_hybrid_model
 from tests.parity.models import build_hf_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -77,6 +78,15 @@ def test_cuda_graphs_match_eager_bf16(name, tmp_path, monkeypatch):
         _assert_greedy_agrees(a, b)
     if ours[0].token_ids[:20] == ref[0].token_ids[:20]:  # the same follow-up prompt
         _assert_greedy_agrees(ours[3], ref[3])
+
+
+@pytest.mark.parametrize("name,state_dtype", [("qwen3_5", "float32"), ("qwen3_5", "bfloat16"), ("gemma4", "float32")])
+def test_cuda_bf16_matches_cpu_fp32_teacher_forced(name, state_dtype, tmp_path):
+    """The hybrids at real head sizes in bf16 (tests/parity/hybrid_models.BF16_CONFIGS): the chunked delta-rule
+    prefill kernels (tf32 prepare), the conv windows and decode kernels, sliding windows and per-layer inputs, in
+    graphs, against CPU float32; the same bar as the Llama family's (tests/gpu/test_gpu_path.py)."""
+    build_bf16_model(name, tmp_path)
+    bf16_against_cpu(tmp_path, ssm_state_dtype=state_dtype)
 
 
 @pytest.mark.parametrize("num_k_heads,num_v_heads", [(16, 32), (16, 48)])

@@ -37,6 +37,23 @@ HYBRID_CONFIGS: dict[str, tuple[str, dict]] = {
                                                        "full_attention"])),
 }
 
+# Real head sizes (the GPU kernels' tiles: Gated DeltaNet heads of 128, attention heads of 128 and 256), HF's init
+# (0.02), embeddings and LM head drawn at 0.5 as in the demo models (a less flat next-token distribution), weights
+# stored in bf16 so that bf16 and float32 runs share them: bf16 runs of these are held to bf16 tolerance.
+BF16_BASE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=128, max_position_embeddings=2048, rms_norm_eps=1e-6, initializer_range=0.02,
+                 bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+BF16_CONFIGS: dict[str, tuple[str, dict]] = {
+    "qwen3_5": ("qwen3_5_text", dict(linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                                     linear_num_key_heads=2, linear_num_value_heads=4, num_hidden_layers=4,
+                                     layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    # windows of 128 tokens (a 552-token run crosses several), global layers with 256-wide heads, per-layer inputs
+    "gemma4": ("gemma4_text", dict(num_hidden_layers=4, global_head_dim=256, sliding_window=128,
+                                   layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                   hidden_size_per_layer_input=64, vocab_size_per_layer_input=512,
+                                   num_kv_shared_layers=0, tie_word_embeddings=True)),
+}
+
 
 def build_hybrid_model(name: str, out_dir: Path):
     """Writes the model to out_dir and returns the transformers model (float32, eval)."""
@@ -74,3 +91,18 @@ def build_multimodal_model(name: str, out_dir: Path):
     model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32).eval()
     model.save_pretrained(out_dir)
     return model
+
+
+def build_bf16_model(name: str, out_dir: Path) -> None:
+    """Writes BF16_CONFIGS[name] to out_dir in bf16 (see BF16_BASE)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, overrides = BF16_CONFIGS[name]
+    cfg = AutoConfig.for_model(model_type, **{**BF16_BASE, **overrides})
+    torch.manual_seed(sum(map(ord, name)))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("embed_tokens.weight") or pname.startswith("lm_head"):
+                p.normal_(0.0, 0.5)
+    model.to(torch.bfloat16).save_pretrained(out_dir)

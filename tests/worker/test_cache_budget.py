@@ -121,3 +121,13 @@ def test_a_default_token_budget_gives_way_to_the_cache(gpu):
     tokens, blocks = fitted(gpu, QWEN_32B, 14, fit=False)
     assert tokens == 32768
     assert blocks == int((14 * GiB * 0.9 - activation_reserve(QWEN_32B, 32768, 2)) // (4096 * 16))
+
+
+def test_a_model_without_attention_kv_gets_blocks_by_its_sequences():
+    """Recurrent layers only: blocks hold no KV (they count tokens for the scheduler and the prefix cache), so the
+    pool covers max_num_seqs full-length sequences twice over rather than one block per byte of the budget."""
+    runner = Runner()
+    runner.kv_bytes_per_token = 0
+    runner.cache_cfg.kv_cache_gb = 4.0
+    runner.model_cfg.max_model_len = 1000
+    assert runner._size_pool(runner._cache_budget()) == 2 * runner.cache_cfg.max_num_seqs * 63 + 1

@@ -360,6 +360,8 @@ class ModelRunner:
             raise ValueError(f"recurrent state ({self.state_bytes / 2**30:.2f} GiB for {self.cache_cfg.num_state_slots} "
                              f"slots) and sliding windows ({self.sliding_bytes / 2**30:.2f} GiB) need over half of the "
                              f"{budget / 2**30:.2f} GiB cache budget; lower max_num_seqs or give the cache more memory")
+        if self.kv_bytes_per_token == 0:  # recurrent layers only: blocks hold no KV and only count tokens
+            return 2 * self.cache_cfg.max_num_seqs * -(-self.model_cfg.max_model_len // self.block_size) + 1
         return max(2, int((budget - fixed) // per_block))
 
     def _allocate_kv(self) -> list[torch.Tensor]:
