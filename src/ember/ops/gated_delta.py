@@ -160,13 +160,15 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
-               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan,
+               out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The sequential part of the chunked rule: each sequence's chunks in order, carrying its state.
 
     w (the decayed keys through the UT transform), q (decayed queries), k (keys decayed to the chunk end):
     [N, H, C, Dk]; u (the chunk's new values): [N, H, C, Dv]; intra (masked, decayed q k^T): [N, H, C, C];
-    chunk_decay: [N, H]; initial: [S, H, Dk, Dv] fp32. Returns ([N, H, C, Dv] outputs, [num_rows, H, Dk, Dv]
-    the states after the chunks plan.save_after names). Step i runs chunk i of every sequence that has one.
+    chunk_decay: [N, H]; initial: [S, H, Dk, Dv] fp32. Returns ([T, H, Dv] the outputs in token order, in
+    out_dtype (default: u's), and [num_rows, H, Dk, Dv] the states after the chunks plan.save_after names).
+    Step i runs chunk i of every sequence that has one.
     """
     out = torch.empty_like(u)
     saved = initial.new_empty(plan.num_rows, *initial.shape[1:])
@@ -185,7 +187,8 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         for j, c in enumerate(chunks):
             if plan.save_after_cpu[c] >= 0:
                 saved[plan.save_after_cpu[c]] = h[j]
-    return out, saved
+    out = out.transpose(1, 2).reshape(-1, *out.shape[1::2])[plan.token_pos]  # [N, H, C, Dv] -> [T, H, Dv]
+    return out.to(out_dtype or out.dtype), saved
 
 
 def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
@@ -237,14 +240,14 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     num_v_heads, head_k, head_v = ssm_state.shape[1:]
     initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
     conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
-    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), initial, plan)
+    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), initial, plan,
+                      out_dtype=mixed.dtype)
     for row, seq in plan.initial_rows:
         saved[row] = initial[seq]
     if plan.save_slots.numel():
         ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
         conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))
-    out = out.transpose(1, 2).reshape(plan.num_chunks * plan.chunk_size, num_v_heads, head_v)[plan.token_pos]
-    return out.to(mixed.dtype)
+    return out
 
 
 def recurrent_gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

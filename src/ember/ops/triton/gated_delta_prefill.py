@@ -12,7 +12,8 @@ launches, with the signatures of the torch references chunk_prepare and chunk_sc
    registers in fp32 and runs its sequence's chunks in order (as flash-linear-attention's
    chunk_gated_delta_rule_fwd_h and chunk_fwd_o, fused):
        v_new = u - w @ S;    o = q @ S + intra @ v_new;    S = S * decay + k^T @ v_new
-   storing o and, where the plan saves the state after the chunk, S.
+   storing o in token order and the output's dtype (the plan's chunk_first / chunk_len again) and, where the plan
+   saves the state after the chunk, S.
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 
 @triton.jit
 def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, out_ptr, saved_ptr, starts_ptr,
-                       save_ptr, num_heads,
+                       save_ptr, first_ptr, len_ptr, num_heads,
                        HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
                        BLOCK_V: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
@@ -110,7 +111,9 @@ def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, out
         q = tl.load(q_ptr + rows_k, mask=k_mask[None, :], other=0.0)
         a = tl.load(a_ptr + (base + c[:, None]) * CHUNK + c[None, :])
         o = tl.dot(q, h, input_precision=PRECISION) + tl.dot(a, v_new, input_precision=PRECISION)
-        tl.store(out_ptr + rows_v, o, mask=v_mask[None, :])
+        tokens = (tl.load(first_ptr + n) + c).to(tl.int64)  # out is [T, H, Dv], in token order
+        tl.store(out_ptr + (tokens[:, None] * num_heads + head) * HEAD_V + dv[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=(c < tl.load(len_ptr + n))[:, None] & v_mask[None, :])
         k = tl.load(k_ptr + rows_k, mask=k_mask[None, :], other=0.0)
         decay = tl.load(decay_ptr + n * num_heads + head)
         h = h * decay + tl.dot(tl.trans(k), v_new, input_precision=PRECISION)
@@ -204,7 +207,8 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
-               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan,
+               out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     num_chunks, num_heads, chunk, head_k = w.shape
     head_v = u.shape[-1]
     for x in (w, u, q, k, intra, chunk_decay, initial):
@@ -212,7 +216,7 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     assert u.shape == (num_chunks, num_heads, chunk, head_v) and intra.shape == (num_chunks, num_heads, chunk, chunk)
     assert chunk >= 16 and chunk == triton.next_power_of_2(chunk), "tl.dot needs a power-of-two chunk of >= 16"
     num_seqs = initial.shape[0]
-    out = torch.empty_like(u)
+    out = u.new_empty(plan.token_pos.shape[0], num_heads, head_v, dtype=out_dtype or u.dtype)
     saved = initial.new_empty(plan.num_rows, num_heads, head_k, head_v)
     if num_chunks == 0 or num_seqs == 0:
         return out, saved
@@ -224,7 +228,8 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     while True:  # the deepest pipeline that fits the SM's shared memory (tf32 at 2 stages needs ~256 KiB)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
-                w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after, num_heads,
+                w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after,
+                plan.chunk_first, plan.chunk_len, num_heads,
                 HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
                 num_warps=4, num_stages=stages,
             )
