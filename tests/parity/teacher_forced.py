@@ -31,8 +31,9 @@ class TeacherForced:
         assert self.worst_tie < 0.05, f"{what}: picked a token {self.worst_tie:.3f} std below float32's argmax"
 
 
-def _record(obj, name: str, rows: list[torch.Tensor], arg: int = 0):
-    """Wraps obj.name to keep a float32 host copy of its argument `arg` (or its result when arg is None)."""
+def _record(obj, name: str, rows: list[torch.Tensor], arg: int | None = 0):
+    """Wraps obj.name to keep a float32 host copy of its argument `arg` (or its result when arg is None); returns
+    the function that takes the wrapper off."""
     fn = getattr(obj, name)
 
     def wrapped(*args):
@@ -41,29 +42,29 @@ def _record(obj, name: str, rows: list[torch.Tensor], arg: int = 0):
         return out
 
     setattr(obj, name, wrapped)
-    return fn
+    return lambda: delattr(obj, name)
 
 
 def prefill_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
     """[len(tokens), V] float32: the logits of every position, from one request's prefill (prompt logprobs)."""
-    model, rows = llm.engine.runner.model, []
-    original = _record(model, "compute_logits", rows, arg=None)
+    rows: list[torch.Tensor] = []
+    restore = _record(llm.engine.runner.model, "compute_logits", rows, arg=None)
     try:
         llm.generate([tokens], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
     finally:
-        model.compute_logits = original
+        restore()
     return torch.cat(rows)
 
 
 def greedy_logits(llm: LLM, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens and the [steps, V] float32 logits each was picked from."""
-    runner, rows = llm.engine.runner, []
-    original = _record(runner, "_sample", rows)
+    rows: list[torch.Tensor] = []
+    restore = _record(llm.engine.runner, "_sample", rows)
     try:
         params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
         tokens = llm.generate([prompt], params)[0].outputs[0].token_ids
     finally:
-        runner._sample = original
+        restore()
     return tokens, torch.cat(rows)
 
 
