@@ -46,7 +46,8 @@ def bf16_against_cpu(model_dir, **llm_kwargs) -> None:
     its 512 tokens differently from float32, CPU bf16 2, every one within 0.01 std of float32's argmax)."""
     reference = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
     gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1, **llm_kwargs)
-    graph_steps = count_graph_steps(gpu)
+    assert gpu.engine.runner.graphs is not None, "the CUDA runner should capture decode graphs"
+    graph_steps = count_graph_steps(gpu.engine.runner.graphs)
     result = teacher_forced(gpu, reference)
     assert len(graph_steps) >= NUM_STEPS - 1, "decode steps should run in captured graphs"
     result.assert_bf16_tolerance(str(model_dir))
@@ -56,10 +57,9 @@ def bf16_against_cpu(model_dir, **llm_kwargs) -> None:
         f"(CPU bf16: {cpu_bf16.agree:.3f})"
 
 
-def count_graph_steps(llm: LLM) -> list[int]:
-    """The batch size of every step the LLM runs through its CUDA graphs from now on."""
-    graphs, sizes = llm.engine.runner.graphs, []
-    assert graphs is not None, "the CUDA runner should capture decode graphs"
+def count_graph_steps(graphs) -> list[int]:
+    """The batch size of every step a graph runner (CudaGraphRunner) runs from now on."""
+    sizes: list[int] = []
     run = graphs.run
     graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
     return sizes

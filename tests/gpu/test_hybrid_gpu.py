@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams
-from tests.gpu.test_gpu_path import bf16_against_cpu
+from tests.gpu.test_gpu_path import bf16_against_cpu, count_graph_steps
 from tests.parity.hybrid_models import build_bf16_model, build_hybrid_model
 from tests.parity.models import build_hf_model
 
@@ -66,9 +66,7 @@ def test_cuda_graphs_match_eager_bf16(name, tmp_path, monkeypatch):
     graphs = LLM(str(tmp_path), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1)
     runner = graphs.engine.runner
     assert runner.graphs is not None
-    sizes: list[int] = []
-    run = runner.graphs.run
-    runner.graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
+    sizes = count_graph_steps(runner.graphs)
     monkeypatch.setenv("EMBER_CUDA_GRAPHS", "0")
     eager = LLM(str(tmp_path), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1)
     assert eager.engine.runner.graphs is None

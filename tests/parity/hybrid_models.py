@@ -55,14 +55,18 @@ BF16_CONFIGS: dict[str, tuple[str, dict]] = {
 }
 
 
-def build_hybrid_model(name: str, out_dir: Path):
-    """Writes the model to out_dir and returns the transformers model (float32, eval)."""
+def _random_model(name: str, model_type: str, params: dict):
+    """transformers' model of the config, float32, eval, initialised from a seed of its name."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model_type, overrides = HYBRID_CONFIGS[name]
-    cfg = AutoConfig.for_model(model_type, **{**BASE, **overrides})
     torch.manual_seed(sum(map(ord, name)))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **params), dtype=torch.float32).eval()
+
+
+def build_hybrid_model(name: str, out_dir: Path):
+    """Writes the model to out_dir and returns the transformers model (float32, eval)."""
+    model_type, overrides = HYBRID_CONFIGS[name]
+    model = _random_model(name, model_type, {**BASE, **overrides})
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname or pname.endswith("dt_bias"):
@@ -95,12 +99,8 @@ def build_multimodal_model(name: str, out_dir: Path):
 
 def build_bf16_model(name: str, out_dir: Path) -> None:
     """Writes BF16_CONFIGS[name] to out_dir in bf16 (see BF16_BASE)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     model_type, overrides = BF16_CONFIGS[name]
-    cfg = AutoConfig.for_model(model_type, **{**BF16_BASE, **overrides})
-    torch.manual_seed(sum(map(ord, name)))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model = _random_model(name, model_type, {**BF16_BASE, **overrides})
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("embed_tokens.weight") or pname.startswith("lm_head"):

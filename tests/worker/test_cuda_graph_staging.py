@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams, ops
+from tests.gpu.test_gpu_path import count_graph_steps
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
@@ -53,12 +54,8 @@ def with_static_buffers(llm: LLM) -> list[int]:
     """Routes the runner's decode steps through a non-captured graph runner (sizes 1, 2, 4); returns the batch
     sizes it ran."""
     runner = llm.engine.runner
-    graphs = runner.make_graph_runner(4, use_graphs=False)
-    sizes: list[int] = []
-    run = graphs.run
-    graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
-    runner.graphs = graphs
-    return sizes
+    runner.graphs = runner.make_graph_runner(4, use_graphs=False)
+    return count_graph_steps(runner.graphs)
 
 
 def assert_same_states(ours: LLM, ref: LLM) -> None:

@@ -123,20 +123,6 @@ class ChunkPlan:
                    cat(token_cols, (0,)), stack(state_cols))
 
 
-def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
-                         windows=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
-    conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows (the
-    default) or a kernel with its signature."""
-    channels = weight.shape[0]
-    buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
-    start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
-    buf[plan.state_cols] = start.transpose(1, 2)
-    buf[plan.token_cols] = x.to(weight.dtype)
-    return (windows or conv_windows)(buf, weight, plan, x.dtype), buf
-
-
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
                  per_sequence: bool | None = None) -> torch.Tensor:
     """SiLU of the depthwise conv of each token's window: buf [buffer_len, C] (varlen_causal_conv1d's), weight
@@ -157,6 +143,20 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
                 out[token:token + b - a - width] = seq.t()
                 token += b - a - width
     return F.silu(out).to(out_dtype)
+
+
+def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
+                         windows=conv_windows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
+    conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
+    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows (the
+    default) or a kernel with its signature."""
+    channels = weight.shape[0]
+    buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
+    start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
+    buf[plan.state_cols] = start.transpose(1, 2)
+    buf[plan.token_cols] = x.to(weight.dtype)
+    return windows(buf, weight, plan, x.dtype), buf
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,

@@ -225,7 +225,7 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     precision = _precision(torch.float32)
     key = (head_k, head_v, chunk, block_v, precision, SCAN_STAGES)
     stages = _scan_stages.get(key, SCAN_STAGES)
-    while True:  # the deepest pipeline that fits the SM's shared memory (tf32 at 2 stages needs ~256 KiB)
+    while True:  # the deepest pipeline that fits the SM's shared memory (see SCAN_STAGES)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
                 w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after,
