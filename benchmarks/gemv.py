@@ -5,7 +5,8 @@ Each measurement replays a CUDA graph of R launches over R distinct weight copie
 come from HBM, not L2, and launch gaps are those of a captured decode step. Ours is timed with programmatic
 dependent launch (the default on Hopper: each GEMV loads its first weight tile while the one before finishes) and
 without. Shapes are the projections of the qwen3-0.6b / qwen3-8b / llama-3-8b decoders: qkv and gate_up fed by
-the RMSNorm (+ residual add), o, and down fed by the gated activation.
+the RMSNorm (+ residual add), o, and down fed by the gated activation; and gemma4-default's ("g4 ..."), whose
+K = 2304 is no power of two.
 
     python benchmarks/gemv.py [--sweep] [--out benchmarks/results/NAME]
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ember.ops.activation import gated
 from ember.ops.triton import gemm, pdl
 from ember.ops.triton.activation import silu_and_mul
 from ember.ops.triton.norm import add_rms_norm
@@ -32,7 +34,13 @@ SHAPES = {  # name: (N, K, prologue)
     "0.6b down": (1024, 3072, "silu"),
     "8b qkv": (6144, 4096, "norm"), "8b o": (4096, 4096, None), "8b gate_up": (24576, 4096, "norm"),
     "8b down": (4096, 12288, "silu"), "llama down": (4096, 14336, "silu"),
+    # gemma4-default (hidden 2304, sliding layers' heads 256 wide, global 512): its qkv input is already normed
+    # (the previous layer's fused norms), down is fed by gelu(gate) * up, the per-layer input gate and projection
+    "g4 qkv": (4096, 2304, None), "g4 qkv global": (8192, 2304, None), "g4 o": (2304, 2048, None),
+    "g4 gate_up": (18432, 2304, None), "g4 down": (2304, 9216, "gelu"), "g4 ple gate": (256, 2304, None),
+    "g4 ple proj": (2304, 256, None),
 }
+ACTS = {"silu": "silu", "gelu": "gelu_pytorch_tanh"}
 
 
 def weight_copies(n: int, k: int, min_bytes: int, min_copies: int = 2, max_copies: int | None = None) -> list:
@@ -80,8 +88,10 @@ def fastest(default: tuple[float, dict], configs, time_us) -> tuple[float, dict]
     return best
 
 
-def sweep_configs():
-    for bn, bk, w, s in itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8), (1, 2, 3, 4)):
+def sweep_configs(small: bool = False):
+    grid = ((1, 2, 4, 8), (256, 512, 1024), (4, 8), (1, 3)) if small else \
+        ((1, 2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8), (1, 2, 3, 4))
+    for bn, bk, w, s in itertools.product(*grid):
         if bn * bk <= 16384:
             yield dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s)
 
@@ -89,6 +99,7 @@ def sweep_configs():
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--small-grid", action="store_true", help="sweep 48 tiles instead of 152")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -98,15 +109,15 @@ def main() -> None:
         n, k, prologue = SHAPES[name]
         nbytes = n * k * 2
         weights = weight_copies(n, k, 512 * 2**20, min_copies=4, max_copies=64)
-        x = torch.randn(1, 2 * k if prologue == "silu" else k, device="cuda", dtype=torch.bfloat16)
+        act = ACTS.get(prologue)
+        x = torch.randn(1, 2 * k if act else k, device="cuda", dtype=torch.bfloat16)
         res, nw = torch.randn(1, k, device="cuda", dtype=torch.bfloat16), torch.ones(k, device="cuda", dtype=torch.bfloat16)
         norm = (res, nw, 1e-6, False) if prologue == "norm" else None
-        act = "silu" if prologue == "silu" else None
 
         def cublas(w):
             if prologue == "norm":
                 return lambda: F.linear(add_rms_norm(x, res, nw, 1e-6)[0], w)
-            return lambda: F.linear(silu_and_mul(x) if act else x, w)
+            return lambda: F.linear((silu_and_mul(x) if act == "silu" else gated(x, act)) if act else x, w)
 
         def ours(w, cfg=None):
             return lambda: gemm.launch_gemv(x, w, None, act, norm, cfg)
@@ -119,7 +130,7 @@ def main() -> None:
         row["ours_no_pdl_us"] = graph_us([ours(w) for w in weights])
         pdl.set_enabled(None)
         if args.sweep:
-            best = fastest((row["ours_us"], row["default"]), sweep_configs(),
+            best = fastest((row["ours_us"], row["default"]), sweep_configs(args.small_grid),
                            lambda cfg: graph_us([ours(w, cfg) for w in weights[:8]], replays=10))
             row.update(best_us=best[0], best=best[1])
         rows.append(row)

@@ -445,6 +445,36 @@ def test_gemv_rms_norm(dtype, n, k, with_residual, weight_offset):
     assert torch.equal(res.cpu(), ref_res)  # the residual stream is exact
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+def test_gemv_act_mul_of_separate_inputs(dtype, n, k, act):
+    """act(gate) * up in the GEMV's prologue, up a row of a wider tensor (Gemma 4's per-layer input slice)."""
+    g = torch.Generator().manual_seed(n + k + 13)
+    gate = (2 * torch.randn(1, k, generator=g)).to(DEVICE, dtype)
+    per_layer = torch.randn(1, 3, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    ref = ref_gemm.act_mul_linear(gate.cpu(), per_layer[:, 1].cpu(), w.cpu(), None, act).to(DEVICE)
+    close(tri.act_mul_linear(gate, per_layer[:, 1], w, None, act), ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", GEMV_SHAPES)
+@pytest.mark.parametrize("weight_offset", [None, 0.0, 1.0])
+def test_gemv_rms_norm_then_residual_add(dtype, n, k, weight_offset):
+    """residual + norm(x) in the GEMV's prologue (a sandwich norm): the projection of that sum, and the sum itself
+    (the residual stream; within rounding, as the norm's statistics are summed in another order)."""
+    g = torch.Generator().manual_seed(n + k + 19)
+    x = (3 * torch.randn(1, k, generator=g)).to(DEVICE, dtype)
+    r = torch.randn(1, k, generator=g).to(DEVICE, dtype)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEVICE, dtype)
+    out, h = tri.rms_norm_add_linear(x, r, nw, 1e-6, w, None, weight_offset)
+    ref_out, ref_h = ref_gemm.rms_norm_add_linear(x.cpu(), r.cpu(), nw.cpu(), 1e-6, w.cpu(), None, weight_offset)
+    close(out, ref_out.to(DEVICE), dtype)
+    close(h, ref_h.to(DEVICE), dtype)
+
+
 def test_gemv_rms_norm_unfused_past_the_fusion_limit(monkeypatch):
     """Large projections run the norm kernel, then the GEMV: the same results as the fused prologue."""
     from ember.ops.triton import gemm as tri_gemm
@@ -452,13 +482,17 @@ def test_gemv_rms_norm_unfused_past_the_fusion_limit(monkeypatch):
     x, r = torch.randn(1, 200, generator=g).to(DEVICE), torch.randn(1, 200, generator=g).to(DEVICE)
     nw, w = (1 + 0.1 * torch.randn(200, generator=g)).to(DEVICE), torch.randn(70, 200, generator=g).to(DEVICE)
     fused = tri.rms_norm_linear(x, r, nw, 1e-6, w)
+    fused_post = tri.rms_norm_add_linear(x, r, nw, 1e-6, w)
     monkeypatch.setattr(tri_gemm, "NORM_FUSE_MAX_WEIGHT", 0)
     unfused = tri.rms_norm_linear(x, r, nw, 1e-6, w)
+    unfused_post = tri.rms_norm_add_linear(x, r, nw, 1e-6, w)
     close(unfused[0], fused[0], x.dtype)
     assert torch.equal(unfused[1], fused[1])
+    close(unfused_post[0], fused_post[0], x.dtype)
+    assert torch.equal(unfused_post[1], fused_post[1])
 
 
-@pytest.mark.parametrize("fn", ["linear", "gated_linear", "rms_norm_linear"])
+@pytest.mark.parametrize("fn", ["linear", "gated_linear", "act_mul_linear", "rms_norm_linear", "rms_norm_add_linear"])
 def test_gemv_ops_take_cublas_past_one_row(fn):
     """Several rows: the separate kernels and F.linear, with the reference's results."""
     g = torch.Generator().manual_seed(3)
@@ -469,6 +503,14 @@ def test_gemv_ops_take_cublas_past_one_row(fn):
     elif fn == "gated_linear":
         gate_up = torch.cat([x, r], -1)
         close(tri.gated_linear(gate_up, w), ref_gemm.gated_linear(gate_up.cpu(), w.cpu()).to(DEVICE), x.dtype)
+    elif fn == "act_mul_linear":
+        close(tri.act_mul_linear(x, r, w), ref_gemm.act_mul_linear(x.cpu(), r.cpu(), w.cpu()).to(DEVICE), x.dtype)
+    elif fn == "rms_norm_add_linear":
+        nw = torch.ones(64, device=DEVICE)
+        out, h = tri.rms_norm_add_linear(x, r, nw, 1e-6, w)
+        ref_out, ref_h = ref_gemm.rms_norm_add_linear(x.cpu(), r.cpu(), nw.cpu(), 1e-6, w.cpu())
+        close(out, ref_out.to(DEVICE), x.dtype)
+        close(h, ref_h.to(DEVICE), x.dtype)
     else:
         nw = torch.ones(64, device=DEVICE)
         out, res = tri.rms_norm_linear(x, r, nw, 1e-6, w)

@@ -225,10 +225,12 @@ class Gemma4DecoderLayer(nn.Module):
                                          self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight,
                                          eps, NORM)
         out, out_norm = mlp.down_proj(mlp.gate_up_proj(x), act=mlp.act), self.post_feedforward_layernorm
-        if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back
-            h = ops.rms_norm_add(out, h, out_norm.weight, eps, NORM)
-            gated = ops.act_mul(self.per_layer_input_gate(h), per_layer_input, self.act)
-            out, out_norm = self.per_layer_projection(gated), self.post_per_layer_input_norm
+        if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back;
+            # the norm + add before the gate and act * PLE after it ride in the two projections' GEMV prologues
+            gate, h = ops.rms_norm_add_linear(out, h, out_norm.weight, eps, self.per_layer_input_gate.weight,
+                                              weight_offset=NORM)
+            out = ops.act_mul_linear(gate, per_layer_input, self.per_layer_projection.weight, act=self.act)
+            out_norm = self.post_per_layer_input_norm
         x, h = ops.rms_norm_add_rms_norm(out, h, out_norm.weight, next_norm.weight, eps, NORM, self.layer_scalar)
         return h, x
 

@@ -11,7 +11,10 @@ a [BLOCK_N, BLOCK_K] tile elementwise, reduced once at the end. The fused prolog
 - gated: reads the gate and up halves and rounds act(gate) and act(gate) * up to the input dtype as the torch
   reference (ember.ops.activation.gated) does;
 - norm: a first pass over x (+ residual) for the mean square, then the normalised value rounded as
-  ember.ops.norm rounds it; program 0 also stores x + residual, the residual stream the next block adds to.
+  ember.ops.norm rounds it; program 0 also stores x + residual, the residual stream the next block adds to;
+- norm then add (a sandwich norm, Gemma): residual + norm(x) is both this projection's input and, stored by
+  program 0, the residual stream;
+- act_mul: act(gate) * up over two separate inputs (Gemma 4's per-layer input gate before its projection).
 
 Inputs of more than one row go to cuBLAS (F.linear) with the separate Triton norm/activation kernels.
 """
@@ -25,9 +28,9 @@ import triton
 import triton.language as tl
 
 from ember.ops.activation import gated
-from ember.ops.triton.activation import ACT_CODES, act_fn, silu_and_mul
+from ember.ops.triton.activation import ACT_CODES, act_fn, act_mul, silu_and_mul
 from ember.ops.triton import pdl
-from ember.ops.triton.norm import add_rms_norm, apply_weight, rms_norm, weight_args
+from ember.ops.triton.norm import add_rms_norm, apply_weight, rms_norm, rms_norm_add, weight_args
 from ember.ops.triton.pdl import release_dependents, wait_prior
 
 # The norm prologue re-reads x (+ residual, + norm weight) in every program: ~40 KB per program against ~32 KB of
@@ -43,13 +46,16 @@ NORM_FUSE_MAX_WEIGHT = 8 * 2**20  # elements
 # (prefill) do not split in cuBLAS, and the float32 partials would only add traffic. EMBER_SPLIT_K_PARTS=0: off.
 SPLIT_K_PARTS = int(os.environ.get("EMBER_SPLIT_K_PARTS", "2"))
 SPLIT_K_ROWS = (128, 512)
+ADD_NORM = tl.constexpr(1)  # the GEMV's NORM prologues: norm(x + residual) (pre-norm blocks)
+NORM_ADD = tl.constexpr(2)  # residual + norm(x) (sandwich norms)
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, K, eps, stride_wn,
+def _gemv_kernel(x_ptr, up_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, K, eps, stride_wn,
                  ACT: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
                  W_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  USE_PDL: tl.constexpr):
+    """NORM: 0 none, ADD_NORM norm(x + residual), NORM_ADD residual + norm(x); ACT != 0: act(x) * up."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -62,13 +68,13 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
     rstd = 0.0
-    if NORM:  # pass 1: the residual sum (stored once) and its mean square
+    if NORM != 0:  # pass 1: the mean square of what is normed (with ADD_NORM the residual sum, stored once)
         sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k = k0 + offs_k
             k_mask = k < K
             s = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-            if HAS_RES:
+            if HAS_RES and NORM == ADD_NORM:
                 s = (s.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
                 if pid == 0:
                     tl.store(res_out_ptr + k, s, mask=k_mask)
@@ -80,13 +86,19 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_ptr, N, 
         k = k0 + offs_k
         k_mask = k < K
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-        if NORM:
+        if NORM == ADD_NORM:
             if HAS_RES:
                 x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             x = apply_weight(x.to(tl.float32) * rstd, nw, dtype, FLOAT_WEIGHT, W_OFFSET)
+        elif NORM == NORM_ADD:
+            nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = apply_weight(x.to(tl.float32) * rstd, nw, dtype, FLOAT_WEIGHT, W_OFFSET)
+            x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
+            if pid == 0:
+                tl.store(res_out_ptr + k, x, mask=k_mask)
         elif ACT != 0:
-            up = tl.load(x_ptr + K + k, mask=k_mask, other=0.0).to(tl.float32)
+            up = tl.load(up_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             x = (act_fn(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
         acc += x.to(tl.float32)[None, :] * w.to(tl.float32)
         k_next = k + BLOCK_K  # all masked on the last iteration: no memory traffic
@@ -111,20 +123,27 @@ def gemv_config(n: int, k: int, has_act: bool = False) -> dict:
 
 
 def launch_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, act: str | None = None,
-                norm: tuple | None = None, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [1, K] ([1, 2K] with act), contiguous; weight [N, K] row-major. norm: (residual or None, norm weight,
-    eps, weight_offset as in ember.ops.norm). Returns ([1, N] output, [1, K] residual out if a residual was given)."""
+                norm: tuple | None = None, config: dict | None = None, up: torch.Tensor | None = None,
+                norm_add: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [1, K] contiguous; weight [N, K] row-major. act: the input is act(x) * up, up [1, K] with unit stride
+    (default: x is [1, 2K], gate then up). norm: (residual or None, norm weight, eps, weight_offset as in
+    ember.ops.norm): the input is norm(x + residual), or residual + norm(x) with norm_add. Returns ([1, N] output,
+    [1, K] residual stream out if a residual was given)."""
     n, k = weight.shape
     cfg = dict(config or gemv_config(n, k, act is not None))
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     residual, nw, eps, weight_offset = norm if norm is not None else (None, None, 0.0, None)
-    res_out = torch.empty_like(x) if residual is not None else None
+    assert residual is not None or not norm_add, "norm_add needs a residual"
+    res_out = torch.empty(1, k, dtype=x.dtype, device=x.device) if residual is not None else None
+    if act and up is None:
+        up = x[:, k:]
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, weight, bias if bias is not None else weight, out,
+        x, up if up is not None else x, weight, bias if bias is not None else weight, out,
         residual if residual is not None else x, res_out if res_out is not None else out,
         nw if nw is not None else weight, n, k, eps, weight.stride(0),
-        ACT=ACT_CODES[act] if act else 0, NORM=norm is not None, HAS_RES=residual is not None,
-        **weight_args(weight_offset), HAS_BIAS=bias is not None, **cfg, **pdl.launch_args(x.device))
+        ACT=ACT_CODES[act] if act else 0, NORM=0 if norm is None else (NORM_ADD if norm_add else ADD_NORM).value,
+        HAS_RES=residual is not None, **weight_args(weight_offset), HAS_BIAS=bias is not None, **cfg,
+        **pdl.launch_args(x.device))
     return out, res_out
 
 
@@ -146,6 +165,15 @@ def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if act not in ACT_CODES or not _gemv_ok(x2, weight):
         return F.linear(silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act), weight, bias)
     return launch_gemv(x2.contiguous(), weight, bias, act=act)[0].view(*gate_up.shape[:-1], weight.shape[0])
+
+
+def act_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   act: str = "silu") -> torch.Tensor:
+    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
+    if act not in ACT_CODES or not _gemv_ok(g2, weight) or u2.dtype != g2.dtype:
+        return F.linear(act_mul(gate, up, act), weight, bias)
+    u2 = u2 if u2.stride(-1) == 1 else u2.contiguous()
+    return launch_gemv(g2.contiguous(), weight, bias, act=act, up=u2)[0].view(*gate.shape[:-1], weight.shape[0])
 
 
 def split_k_parts(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
@@ -182,3 +210,15 @@ def rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     res2 = residual.reshape(1, -1).contiguous() if residual is not None else None
     out, res_out = launch_gemv(x2.contiguous(), weight, bias, norm=(res2, norm_weight, eps, weight_offset))
     return out.view(*x.shape[:-1], weight.shape[0]), (res_out.view(x.shape) if res_out is not None else x)
+
+
+def rms_norm_add_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        weight_offset: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    x2 = x.reshape(-1, x.shape[-1])
+    if not _gemv_ok(x2, weight) or weight.numel() > NORM_FUSE_MAX_WEIGHT or residual.dtype != x.dtype:
+        h = rms_norm_add(x, residual, norm_weight, eps, weight_offset)
+        return linear(h, weight, bias), h
+    out, h = launch_gemv(x2.contiguous(), weight, bias, norm=(residual.reshape(1, -1).contiguous(), norm_weight, eps,
+                                                               weight_offset), norm_add=True)
+    return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape)
