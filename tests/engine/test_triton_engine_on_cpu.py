@@ -82,7 +82,7 @@ def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
     baseline): the same greedy tokens and logprobs, up to a bf16 near-tie of this flat random model."""
     from ember.ops import triton as tri
     from ember.ops.triton import gemm as tri_gemm
-    from tests.gpu.test_hybrid_gpu import _assert_greedy_agrees
+    from tests.helpers import assert_greedy_agrees
 
     model_dir, _ = hf_models("qwen3")
     prompts = [torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPT_LENS]
@@ -103,4 +103,4 @@ def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
     ours = run()
     assert calls and min(calls) >= 2
     for a, b in zip(ours, ref):
-        _assert_greedy_agrees(a, b, tol=0.1)
+        assert_greedy_agrees(a, b, tol=0.1)

@@ -12,6 +12,7 @@ import torch
 
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
+from tests.helpers import assert_greedy_agrees
 from tests.parity.teacher_forced import NUM_STEPS, PROMPT_LEN, teacher_forced
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -55,14 +56,6 @@ def bf16_against_cpu(model_dir, **llm_kwargs) -> None:
                               reference)
     assert result.agree >= min(0.99, cpu_bf16.agree - 0.02), f"argmax agreement {result.agree:.3f} " \
         f"(CPU bf16: {cpu_bf16.agree:.3f})"
-
-
-def count_graph_steps(graphs) -> list[int]:
-    """The batch size of every step a graph runner (CudaGraphRunner) runs from now on."""
-    sizes: list[int] = []
-    run = graphs.run
-    graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
-    return sizes
 
 
 @pytest.mark.parametrize("shape", ["tiny", "tiny-llama"])
@@ -172,7 +165,6 @@ def test_split_k_partials_match_unsplit_in_the_engine(hf_models, monkeypatch):
     sums (ops.triton.gemm.SPLIT_K_PARTS), in graphs and eager: the same greedy tokens and logprobs as with it off,
     up to a bf16 near-tie."""
     from ember.ops.triton import gemm as tri_gemm
-    from tests.gpu.test_hybrid_gpu import _assert_greedy_agrees
 
     model_dir, _ = hf_models("qwen3")
     g = torch.Generator().manual_seed(11)
@@ -192,4 +184,4 @@ def test_split_k_partials_match_unsplit_in_the_engine(hf_models, monkeypatch):
         if parts:  # captured with the split, the graph the 160-sequence decode steps replay
             assert graph_rows in calls, f"the graph of {graph_rows} rows did not split: {sorted(set(calls))}"
     for a, b in zip(outs[2], outs[0]):
-        _assert_greedy_agrees(a, b)
+        assert_greedy_agrees(a, b)

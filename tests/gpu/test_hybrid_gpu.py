@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams
-from tests.gpu.test_gpu_path import bf16_against_cpu, count_graph_steps
+from tests.gpu.test_gpu_path import bf16_against_cpu
+from tests.helpers import assert_greedy_agrees, count_graph_steps
 from tests.parity.hybrid_models import build_bf16_model, build_hybrid_model
 from tests.parity.models import build_hf_model
 
@@ -46,18 +47,6 @@ def _graph_turns(llm: LLM) -> tuple[list, int]:
     return first + [follow_up.outputs[0]], follow_up.num_cached_tokens
 
 
-def _assert_greedy_agrees(ours, ref, tol: float = 0.05) -> None:
-    """The same greedy tokens with logprobs within tol, up to a bf16 near-tie: where the paths first pick different
-    tokens, the reference must rate both within tol (the continuations then legitimately differ)."""
-    for i, (a, b) in enumerate(zip(ours.token_ids, ref.token_ids)):
-        row, ref_row = ours.logprobs[i], ref.logprobs[i]
-        if a != b:
-            assert a in ref_row and ref_row[b].logprob - ref_row[a].logprob <= tol, f"step {i}: {a} vs {b}"
-            return
-        assert abs(row[a].logprob - ref_row[b].logprob) <= tol, f"step {i}"
-    assert len(ours.token_ids) == len(ref.token_ids)
-
-
 @pytest.mark.parametrize("name", ["qwen3_5", "gemma4"])
 def test_cuda_graphs_match_eager_bf16(name, tmp_path, monkeypatch):
     """Decode graphs of hybrid models (state slots, several KV groups, padding rows, decode snapshots) against
@@ -73,9 +62,9 @@ def test_cuda_graphs_match_eager_bf16(name, tmp_path, monkeypatch):
     (ours, cached), (ref, ref_cached) = _graph_turns(graphs), _graph_turns(eager)
     assert 3 in sizes and cached == ref_cached == 48
     for a, b in zip(ours[:3], ref[:3]):
-        _assert_greedy_agrees(a, b)
+        assert_greedy_agrees(a, b)
     if ours[0].token_ids[:20] == ref[0].token_ids[:20]:  # the same follow-up prompt
-        _assert_greedy_agrees(ours[3], ref[3])
+        assert_greedy_agrees(ours[3], ref[3])
 
 
 @pytest.mark.parametrize("name,state_dtype", [("qwen3_5", "float32"), ("qwen3_5", "bfloat16"), ("gemma4", "float32")])

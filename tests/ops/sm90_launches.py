@@ -24,7 +24,7 @@ from triton.runtime.jit import JITFunction
 assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled, not interpreted"
 
 from ember.ops import gated_delta as gd  # noqa: E402
-from ember.ops.triton import gated_delta, gated_delta_prefill, gdn  # noqa: E402
+from ember.ops.triton import gated_delta, gated_delta_prefill, gdn, gemm, pdl  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -113,9 +113,32 @@ def qwen3_5_decode(seqs: int):
     gdn.gated_rms_norm(core, core, torch.zeros(DV), 1e-6)
 
 
+# batch-1 projections (N, K): gemma4-default's qkv, gate/up, down, per-layer input gate and projection; qwen3-8b's
+# qkv and down
+GEMV_SHAPES = ((4096, 2304), (18432, 2304), (2304, 9216), (256, 2304), (2304, 256), (6144, 4096), (4096, 12288))
+
+
+def gemv_prologues():
+    """The GEMV with each prologue at those shapes, launched with PDL as on a Hopper GPU (projections past the
+    norm-fusion limit launch the norm kernel, then the plain GEMV)."""
+    bf16 = dict(dtype=torch.bfloat16)
+    launch_args, pdl.launch_args = pdl.launch_args, lambda device: dict(USE_PDL=True, launch_pdl=True)
+    for n, k in GEMV_SHAPES:
+        x, w, nw = torch.zeros(1, k, **bf16), torch.zeros(n, k, **bf16), torch.zeros(k, **bf16)
+        gemm.linear(x, w)
+        for act in ("silu", "gelu_pytorch_tanh"):
+            gemm.gated_linear(torch.zeros(1, 2 * k, **bf16), w, None, act)
+            gemm.act_mul_linear(x, x, w, None, act)
+        gemm.rms_norm_linear(x, None, nw, 1e-6, w)
+        gemm.rms_norm_linear(x, x, nw, 1e-6, w, None, 1.0)
+        gemm.rms_norm_add_linear(x, x, nw, 1e-6, w, None, 0.0)
+    pdl.launch_args = launch_args
+
+
 # the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
 OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
-       "qwen3_5_decode_256": lambda: qwen3_5_decode(256)}
+       "qwen3_5_decode_256": lambda: qwen3_5_decode(256),
+       "gemv": gemv_prologues}
 
 
 def main() -> None:

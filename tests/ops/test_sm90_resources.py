@@ -47,6 +47,10 @@ def test_every_launch_fits_a_hopper_sm():
     # depth of 2, not a fallback
     assert set(scans(launched)) == {(bv, p) for bv in ("16", "32", "64") for p in ("ieee", "tf32x3", "tf32")}
     assert scans(launched)[("32", "tf32x3")] == [2]
+    # every GEMV prologue (none, add + norm, norm + add; gated activations of either input layout), with PDL
+    gemv = [r["constexprs"] for r in launched if r["kernel"] == "_gemv_kernel"]
+    assert {(c["NORM"], c["ACT"]) for c in gemv} >= {("0", "0"), ("1", "0"), ("2", "0"), ("0", "1"), ("0", "2")}
+    assert all(c["USE_PDL"] == "True" for c in gemv)
 
 
 def test_scan_falls_back_to_a_shallower_pipeline():

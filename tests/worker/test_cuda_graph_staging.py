@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams, ops
-from tests.gpu.test_gpu_path import count_graph_steps
+from tests.helpers import count_graph_steps
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when ember.ops.triton's kernels are defined
