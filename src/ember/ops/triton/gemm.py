@@ -112,8 +112,12 @@ def _gemv_kernel(x_ptr, up_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_
 def gemv_config(n: int, k: int, has_act: bool = False) -> dict:
     """Tile sizes by shape, from a tile sweep on an H200 (benchmarks/gemv.py --sweep; first sweep in
     benchmarks/results/2026-12-03-h200-skinny_gemm-sweep.json): narrow BLOCK_N so that even N=1024
-    spreads over every SM, wide BLOCK_K for long contiguous reads, deeper pipelines for long K."""
+    spreads over every SM, wide BLOCK_K for long contiguous reads, deeper pipelines for long K. A long K over fewer
+    than 4096 outputs (gemma4-default's down projection, 2304 x 9216) wants twice the programs and twice the warps:
+    15.8 against 19.1 us on an H100, with the SiLU or the GELU prologue (results/2026-12-05-h100-gemv-down.txt)."""
     if k >= 8192:
+        if n < 4096:
+            return dict(BLOCK_N=4, BLOCK_K=1024, num_warps=8, num_stages=1)
         return dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=4)
     if n <= 1024:
         if has_act:
