@@ -401,7 +401,8 @@ def test_prefill_kernel_skips_sequences_sent_to_flash_attention(monkeypatch):
                 close(out[rows], ref[rows], dtype)
 
 
-GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100)]  # n, k: ragged and multi-block in both
+GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100), (24, 8300)]  # n, k: ragged and multi-block in both;
+# the last takes the long-K tile
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
