@@ -12,7 +12,7 @@ import torch
 
 from ember import LLM, SamplingParams
 from ember.engine.scheduler import ScheduledSeq, SchedulerOutput
-from tests.helpers import assert_greedy_agrees
+from tests.helpers import assert_greedy_agrees, count_graph_steps
 from tests.parity.teacher_forced import NUM_STEPS, PROMPT_LEN, teacher_forced
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -135,10 +135,44 @@ def gemv_prologues():
     pdl.launch_args = launch_args
 
 
+def attention_launches():
+    """The paged decode kernel (split at 1 sequence, unsplit at 64 and 256; with and without a sliding window) and
+    the prefill kernel, at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
+    bf16 and float32 pools, with the tiles decode_config and prefill_config pick on a GPU of 132 SMs."""
+    from ember.ops.triton import attention
+    from ember.worker.attn_metadata import AttentionMetadata
+
+    attention._num_sms = lambda device: 132
+    cuda, heads, kv_heads, block, context = torch.device("cuda"), 8, 4, 16, 100
+    for dtype in (torch.bfloat16, torch.float32):
+        for d in (128, 256, 512):
+            for num_seqs, q_len, window in ((1, 1, None), (1, 1, 512), (64, 1, None), (256, 1, 512), (2, 64, None)):
+                seq_len, d_pad = context + q_len, max(16, triton.next_power_of_2(d))
+                per_seq = -(-seq_len // block)
+                starts = [i * q_len for i in range(num_seqs + 1)]
+                meta = AttentionMetadata(
+                    slot_mapping=torch.zeros(num_seqs * q_len, dtype=torch.int64),
+                    query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                    seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32),
+                    block_tables=torch.arange(num_seqs * per_seq, dtype=torch.int32).view(num_seqs, per_seq),
+                    max_query_len=q_len, max_seq_len=seq_len, query_start_loc_cpu=starts,
+                    seq_lens_cpu=[seq_len] * num_seqs)
+                pool = torch.zeros(2, num_seqs * per_seq, block, kv_heads, d, dtype=dtype)
+                q = torch.zeros(num_seqs * q_len, heads, d, dtype=dtype)
+                if q_len == 1:
+                    cfg = attention.decode_config(num_seqs, kv_heads, cuda, d_pad, window, pool.element_size())
+                    attention._decode(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg)
+                else:
+                    cfg = attention.prefill_config(d_pad, q_len, cuda, pool.element_size())
+                    attention._prefill(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg,
+                                       flash=False)
+
+
 # the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
 OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
        "qwen3_5_decode_256": lambda: qwen3_5_decode(256),
-       "gemv": gemv_prologues}
+       "gemv": gemv_prologues,
+       "attention": attention_launches}
 
 
 def main() -> None:
