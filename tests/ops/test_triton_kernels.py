@@ -359,6 +359,15 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
     close(tri.paged_attention(q, pool, meta, scale, window, softcap), ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [256, 512])
+def test_paged_prefill_wide_heads(dtype, head_dim):
+    """Gemma 4's head widths through the prefill tiles prefill_config picks for them (in float32 on a GPU: half
+    the keys of bf16's, which would not fit an SM's shared memory)."""
+    q, pool, meta = _batch([21, 6, 1], [0, 40, 9], 8, 4, head_dim, dtype, head_dim + 3)
+    ref = reference_attention(q, pool, meta, 1.0, None, None)
+    close(tri.paged_attention(q, pool, meta, 1.0, None, None), ref, dtype)
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", ATTN_CASES)
