@@ -77,15 +77,14 @@ def _signature(fn: JITFunction, arguments: dict) -> tuple[dict, dict]:
     return signature, constexprs
 
 
-def qwen3_5_prefill(seqs: int, length: int):
+def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16):
     tokens, conv_dim = seqs * length, 2 * HK * DK + HV * DV
-    x = torch.zeros(tokens, conv_dim, dtype=torch.bfloat16)
-    g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=torch.bfloat16)
+    x = torch.zeros(tokens, conv_dim, dtype=dtype)
+    g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=dtype)
     plan = gd.ChunkPlan.build([i * length for i in range(seqs + 1)], [-1] * seqs, list(range(seqs)),
                               [()] * seqs, KERNEL - 1, torch.device("cpu"), chunk_size=CHUNK)
-    weight = torch.zeros(conv_dim, KERNEL, dtype=torch.bfloat16)
-    gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=torch.bfloat16), weight, plan,
-                                     torch.bfloat16)
+    weight = torch.zeros(conv_dim, KERNEL, dtype=dtype)
+    gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=dtype), weight, plan, dtype)
     f32 = dict(dtype=torch.float32)
     w, q, k = (torch.zeros(plan.num_chunks, HV, CHUNK, DK, **f32) for _ in range(3))
     u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)
@@ -100,16 +99,16 @@ def qwen3_5_prefill(seqs: int, length: int):
     gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = default, 0
 
 
-def qwen3_5_decode(seqs: int):
+def qwen3_5_decode(seqs: int, dtype: torch.dtype = torch.bfloat16):
     conv_dim = 2 * HK * DK + HV * DV
     slots = torch.arange(seqs, dtype=torch.int32)
     gated_delta.gated_delta_decode(
-        torch.zeros(seqs, conv_dim, dtype=torch.bfloat16), torch.zeros(conv_dim, KERNEL, dtype=torch.bfloat16),
-        torch.zeros(seqs, HV), torch.zeros(seqs, HV, dtype=torch.bfloat16),
-        torch.zeros(seqs, conv_dim, KERNEL - 1, dtype=torch.bfloat16), torch.zeros(seqs, HV, DK, DV), slots, slots)
-    a = torch.zeros(seqs, HV, dtype=torch.bfloat16)
+        torch.zeros(seqs, conv_dim, dtype=dtype), torch.zeros(conv_dim, KERNEL, dtype=dtype),
+        torch.zeros(seqs, HV), torch.zeros(seqs, HV, dtype=dtype),
+        torch.zeros(seqs, conv_dim, KERNEL - 1, dtype=dtype), torch.zeros(seqs, HV, DK, DV), slots, slots)
+    a = torch.zeros(seqs, HV, dtype=dtype)
     gdn.gdn_gating(a, a, torch.zeros(HV), torch.zeros(HV))
-    core = torch.zeros(seqs, HV, DV, dtype=torch.bfloat16)
+    core = torch.zeros(seqs, HV, DV, dtype=dtype)
     gdn.gated_rms_norm(core, core, torch.zeros(DV), 1e-6)
 
 
@@ -171,6 +170,7 @@ def attention_launches():
 # the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
 OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
        "qwen3_5_decode_256": lambda: qwen3_5_decode(256),
+       "qwen3_5_float32": lambda: (qwen3_5_prefill(2, 128, torch.float32), qwen3_5_decode(256, torch.float32)),
        "gemv": gemv_prologues,
        "attention": attention_launches}
 

@@ -28,11 +28,11 @@ def sm90_launches(**env: str) -> list[dict]:
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
 
-def scans(records: list[dict]) -> dict[tuple[str, str], list[int]]:
-    """(BLOCK_V, PRECISION) -> the pipeline depths tried, in order."""
+def scans(records: list[dict], op: str = "qwen3_5_prefill") -> dict[tuple[str, str], list[int]]:
+    """(BLOCK_V, PRECISION) -> the pipeline depths tried, in order, by the launches of one op."""
     out: dict[tuple[str, str], list[int]] = {}
     for r in records:
-        if r["kernel"] == "_chunk_scan_kernel":
+        if r["kernel"] == "_chunk_scan_kernel" and r["op"] == op:
             out.setdefault((r["constexprs"]["BLOCK_V"], r["constexprs"]["PRECISION"]), []).append(
                 r["options"]["num_stages"])
     return out
@@ -45,6 +45,9 @@ def test_every_launch_fits_a_hopper_sm():
     assert {("qwen3_5_prefill", k) for k in ("_chunk_prepare_kernel", "_chunk_scan_kernel",
                                              "_conv_windows_kernel")} <= kernels
     assert {("qwen3_5_decode_256", k) for k in DECODE_KERNELS} <= kernels
+    # a float32 model: float32 activations through the same kernels (the scan may step down its pipeline)
+    assert {("qwen3_5_float32", k) for k in DECODE_KERNELS + ("_chunk_prepare_kernel", "_chunk_scan_kernel")} <= kernels
+    assert set(scans(launched, "qwen3_5_float32")) == set(scans(launched))
     # the scan at every Dv slice and dot precision the benchmark sweeps; the engine's (32, tf32x3) at the default
     # depth of 2, not a fallback
     assert set(scans(launched)) == {(bv, p) for bv in ("16", "32", "64") for p in ("ieee", "tf32x3", "tf32")}
