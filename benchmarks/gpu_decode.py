@@ -11,7 +11,9 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
 "w+kv" column adds the KV bytes a step must read at the mean context length and, for hybrids, the recurrent
-state each sequence reads and writes back every step (--ssm-state-dtype bfloat16 halves its matrix).
+state each sequence reads and writes back every step (--ssm-state-dtype bfloat16 halves its matrix). "read" is
+"w+kv" without the tables a step only gathers rows of (an untied input embedding, Gemma 4's 4 GB of per-layer
+input embeddings): the bytes a step streams, where "w" can pass 100%.
 
 Each decode row also records the SM clock and board power over its run (`clocks`: nvidia-smi sampled every 50 ms,
 where it exists): H200s differ in the clock the 700 W cap allows under sustained load, and with it in tok/s.
@@ -343,11 +345,16 @@ def prefill_flops(cfg: dict, num_params_body: int, n: int) -> float:
     return 2 * num_params_body * n + attn + 2 * cfg["hidden_size"] * cfg["vocab_size"]
 
 
-def model_sizes(model) -> tuple[int, int]:
-    """(bytes of all weights, parameters outside embedding / lm_head)."""
+def model_sizes(model) -> tuple[int, int, int]:
+    """(bytes of all weights, parameters outside embedding / lm_head, bytes a decode step reads in full): the last
+    leaves out the tables a step only gathers rows of, the input embedding (unless it is also the LM head) and
+    Gemma 4's per-layer input embeddings."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     body = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name)
-    return total, body
+    tied = getattr(model, "lm_head", None) is None
+    gathered = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                   if "embed_tokens" in name and not (tied and name.endswith("model.embed_tokens.weight")))
+    return total, body, total - gathered
 
 
 def bench_transformers(model_dir: str, batch: int, prompt_len: int, vocab: int) -> float:
@@ -406,7 +413,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
         f"max_num_batched_tokens {llm.engine.sched_cfg.max_num_batched_tokens}")
     from ember import SamplingParams  # warm-up: the prefill kernels compile on first use, outside the timings
     llm.generate(make_prompts(8, 64, vocab, seed=0), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    weight_bytes, body_params = model_sizes(llm.engine.runner.model)
+    weight_bytes, body_params, read_bytes = model_sizes(llm.engine.runner.model)
     from ember.kv.spec import state_bytes_per_slot
     runner = llm.engine.runner
     state_per_seq = state_bytes_per_slot(runner.cache_specs, runner.dtype)  # read and written once per step
@@ -422,6 +429,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
             kv_bytes = batch * (prompt_len + OUTPUT_LEN / 2) * kv_per_token + batch * 2 * state_per_seq
             r["roofline_tok_s"] = batch * ceil["bandwidth"] / weight_bytes
             r["roofline_wkv_tok_s"] = batch * ceil["bandwidth"] / (weight_bytes + kv_bytes)
+            r["roofline_read_tok_s"] = batch * ceil["bandwidth"] / (read_bytes + kv_bytes)
             rows.append(r)
             log(json.dumps(r))
     if args.profile:
@@ -461,7 +469,7 @@ def table(rows: list[dict], ceil: dict) -> str:
     lines = [f"device: {ceil['device']}  copy bandwidth {ceil['bandwidth'] / 1e12:.2f} TB/s  "
              f"bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s",
              f"{'shape':<11} {'batch':>5} {'prompt':>6} {'e2e tok/s':>10} {'decode tok/s':>12} {'step ms':>8} "
-             f"{'graph ms':>8} {'%roof(w)':>8} {'%roof(w+kv)':>11} {'x HF':>6} {'SM MHz':>6}"]
+             f"{'graph ms':>8} {'%roof(w)':>8} {'%roof(w+kv)':>11} {'%roof(read)':>10} {'x HF':>6} {'SM MHz':>6}"]
     for r in rows:
         if r.get("kind") == "prefill":
             if "error" in r:
@@ -478,10 +486,12 @@ def table(rows: list[dict], ceil: dict) -> str:
             continue
         ref = hf.get((r["shape"], r["batch"])) if r["prompt_len"] == 128 else None
         g = r.get("graph_step_ms")
+        read = 100 * r["decode_tok_s"] / r["roofline_read_tok_s"] if "roofline_read_tok_s" in r else float("nan")
         lines.append(
             f"{r['shape']:<11} {r['batch']:>5} {r['prompt_len']:>6} {r['e2e_tok_s']:>10,.0f} {r['decode_tok_s']:>12,.0f} "
             f"{r['step_ms_median'] or float('nan'):>8.2f} {g if g is not None else float('nan'):>8.2f} "
             f"{100 * r['decode_tok_s'] / r['roofline_tok_s']:>7.1f}% {100 * r['decode_tok_s'] / r['roofline_wkv_tok_s']:>10.1f}% "
+            f"{read:>10.1f}% "
             f"{(r['e2e_tok_s'] / ref) if ref else float('nan'):>6.1f} "
             f"{r['clocks']['sm_mhz_median'] if r.get('clocks') else float('nan'):>6.0f}")
     return "\n".join(lines)
