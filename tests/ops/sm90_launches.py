@@ -10,6 +10,7 @@ does on the GPU (which the interpreter tests cannot see), so the ops' own fallba
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import sys
@@ -118,15 +119,14 @@ GEMV_SHAPES = ((4096, 2304), (18432, 2304), (2304, 9216), (256, 2304), (2304, 25
 
 
 def gemv_prologues():
-    """The GEMV with each prologue at those shapes, launched with PDL as on a Hopper GPU (projections past the
-    norm-fusion limit launch the norm kernel, then the plain GEMV)."""
-    bf16 = dict(dtype=torch.bfloat16)
+    """The GEMV with each prologue at those shapes in bf16 and float32, launched with PDL as on a Hopper GPU
+    (projections past the norm-fusion limit launch the norm kernel, then the plain GEMV)."""
     launch_args, pdl.launch_args = pdl.launch_args, lambda device: dict(USE_PDL=True, launch_pdl=True)
-    for n, k in GEMV_SHAPES:
-        x, w, nw = torch.zeros(1, k, **bf16), torch.zeros(n, k, **bf16), torch.zeros(k, **bf16)
+    for (n, k), dtype in itertools.product(GEMV_SHAPES, (torch.bfloat16, torch.float32)):
+        x, w, nw = (torch.zeros(*shape, dtype=dtype) for shape in ((1, k), (n, k), (k,)))
         gemm.linear(x, w)
         for act in ("silu", "gelu_pytorch_tanh"):
-            gemm.gated_linear(torch.zeros(1, 2 * k, **bf16), w, None, act)
+            gemm.gated_linear(torch.zeros(1, 2 * k, dtype=dtype), w, None, act)
             gemm.act_mul_linear(x, x, w, None, act)
         gemm.rms_norm_linear(x, None, nw, 1e-6, w)
         gemm.rms_norm_linear(x, x, nw, 1e-6, w, None, 1.0)
