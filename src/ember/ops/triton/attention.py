@@ -399,7 +399,7 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     num_kv_heads = kv_cache.shape[3]
     c, flags = _common(num_heads, q.dtype, kv_cache, scale, sliding_window, softcap)
     cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device, flags["D_PAD"], sliding_window,
-                                                  kv_cache.element_size()))
+                                       kv_cache.element_size()))
     num_splits = cfg.pop("num_splits")
     is_split = num_splits > 1
     if is_split:
