@@ -10,7 +10,6 @@ does on the GPU (which the interpreter tests cannot see), so the ops' own fallba
 from __future__ import annotations
 
 import inspect
-import itertools
 import json
 import os
 import sys
@@ -27,14 +26,15 @@ assert os.environ.get("TRITON_INTERPRET") != "1", "the kernels must be compiled,
 from ember.ops import gated_delta as gd  # noqa: E402
 from ember.ops.triton import gated_delta, gated_delta_prefill, gdn, gemm, pdl  # noqa: E402
 
-TARGET = GPUTarget("cuda", 90, 32)
+# SM_ARCH / SM_MAX_SHARED: another GPU to compile for, e.g. 89 and 101376 (an RTX 4090's 99 KiB per block)
+TARGET = GPUTarget("cuda", int(os.environ.get("SM_ARCH", "90")), 32)
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
            torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8"}
 # Qwen3.5 (Qwen3.5-9B / qwen3_5-default): 16 key and 32 value heads of 128, conv 4, chunk 64
 HK, HV, DK, DV, KERNEL, CHUNK = 16, 32, 128, 128, 4, 64
 
-MAX_SHARED = 232448  # an sm_90 thread block may opt into 227 KiB of its SM's 228 KiB
+MAX_SHARED = int(os.environ.get("SM_MAX_SHARED", 232448))  # an sm_90 block may opt into 227 of its SM's 228 KiB
 # the scan's dot precisions compiled: by default every one benchmarks/gated_delta_prefill.py measures
 PRECISIONS = os.environ.get("SM90_PRECISIONS", "ieee,tf32x3,tf32").split(",")
 launches: list[dict] = []  # compiled and within the limits
@@ -78,7 +78,9 @@ def _signature(fn: JITFunction, arguments: dict) -> tuple[dict, dict]:
     return signature, constexprs
 
 
-def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16):
+def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16, precisions=None,
+                    block_vs=(16, 32, 64)):
+    """The prefill kernels at each dot precision and scan Dv slice (default: every one the benchmark sweeps)."""
     tokens, conv_dim = seqs * length, 2 * HK * DK + HV * DV
     x = torch.zeros(tokens, conv_dim, dtype=dtype)
     g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=dtype)
@@ -91,10 +93,10 @@ def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16)
     u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)
     intra, decay = torch.zeros(plan.num_chunks, HV, CHUNK, CHUNK, **f32), torch.zeros(plan.num_chunks, HV, **f32)
     default = gated_delta_prefill.PRECISION
-    for precision in PRECISIONS:
+    for precision in precisions or PRECISIONS:
         gated_delta_prefill.PRECISION = precision
         gated_delta_prefill.chunk_prepare(x, g, beta, plan, HK, DK, DV)
-        for block_v in (16, 32, 64):
+        for block_v in block_vs:
             gated_delta_prefill.SCAN_BLOCK_V = block_v
             gated_delta_prefill.chunk_scan(w, u, q, k, intra, decay, torch.zeros(seqs, HV, DK, DV), plan)
     gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = default, 0
@@ -113,20 +115,21 @@ def qwen3_5_decode(seqs: int, dtype: torch.dtype = torch.bfloat16):
     gdn.gated_rms_norm(core, core, torch.zeros(DV), 1e-6)
 
 
-# batch-1 projections (N, K): gemma4-default's qkv, gate/up, down, per-layer input gate and projection; qwen3-8b's
-# qkv and down
-GEMV_SHAPES = ((4096, 2304), (18432, 2304), (2304, 9216), (256, 2304), (2304, 256), (6144, 4096), (4096, 12288))
+# batch-1 projections (N, K), one of each tile gemv_config picks: gemma4-default's qkv, down, per-layer input gate
+# and projection; qwen3-8b's down
+GEMV_SHAPES = ((4096, 2304), (2304, 9216), (256, 2304), (2304, 256), (4096, 12288))
 
 
 def gemv_prologues():
-    """The GEMV with each prologue at those shapes in bf16 and float32, launched with PDL as on a Hopper GPU
-    (projections past the norm-fusion limit launch the norm kernel, then the plain GEMV)."""
+    """The GEMV with each prologue at those shapes, launched with PDL as on a Hopper GPU (projections past the
+    norm-fusion limit launch the norm kernel, then the plain GEMV). Its tiles live in registers (128 bytes of
+    shared memory), so float32 is left out."""
     launch_args, pdl.launch_args = pdl.launch_args, lambda device: dict(USE_PDL=True, launch_pdl=True)
-    for (n, k), dtype in itertools.product(GEMV_SHAPES, (torch.bfloat16, torch.float32)):
-        x, w, nw = (torch.zeros(*shape, dtype=dtype) for shape in ((1, k), (n, k), (k,)))
+    for n, k in GEMV_SHAPES:
+        x, w, nw = (torch.zeros(*shape, dtype=torch.bfloat16) for shape in ((1, k), (n, k), (k,)))
         gemm.linear(x, w)
         for act in ("silu", "gelu_pytorch_tanh"):
-            gemm.gated_linear(torch.zeros(1, 2 * k, dtype=dtype), w, None, act)
+            gemm.gated_linear(torch.zeros(1, 2 * k, dtype=torch.bfloat16), w, None, act)
             gemm.act_mul_linear(x, x, w, None, act)
         gemm.rms_norm_linear(x, None, nw, 1e-6, w)
         gemm.rms_norm_linear(x, x, nw, 1e-6, w, None, 1.0)
@@ -134,8 +137,8 @@ def gemv_prologues():
     pdl.launch_args = launch_args
 
 
-def attention_launches():
-    """The paged decode kernel (split at 1 sequence, unsplit at 64 and 256; with and without a sliding window) and
+def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32, (128, 256, 512)))):
+    """The paged decode kernel (split at 1 sequence with and without a sliding window, unsplit at 64 and 256) and
     the prefill kernel, at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
     bf16 and float32 pools, with the tiles decode_config and prefill_config pick on a GPU of 132 SMs."""
     from ember.ops.triton import attention
@@ -143,9 +146,9 @@ def attention_launches():
 
     attention._num_sms = lambda device: 132
     cuda, heads, kv_heads, block, context = torch.device("cuda"), 8, 4, 16, 100
-    for dtype in (torch.bfloat16, torch.float32):
-        for d in (128, 256, 512):
-            for num_seqs, q_len, window in ((1, 1, None), (1, 1, 512), (64, 1, None), (256, 1, 512), (2, 64, None)):
+    for dtype, widths in cases:
+        for d in widths:
+            for num_seqs, q_len, window in ((1, 1, None), (1, 1, 512), (64, 1, None), (256, 1, None), (2, 64, None)):
                 seq_len, d_pad = context + q_len, max(16, triton.next_power_of_2(d))
                 per_seq = -(-seq_len // block)
                 starts = [i * q_len for i in range(num_seqs + 1)]
@@ -170,14 +173,19 @@ def attention_launches():
 # the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
 OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
        "qwen3_5_decode_256": lambda: qwen3_5_decode(256),
-       "qwen3_5_float32": lambda: (qwen3_5_prefill(2, 128, torch.float32), qwen3_5_decode(256, torch.float32)),
+       # a float32 model: its dots in tf32x3, the scan's Dv slice the engine picks
+       "qwen3_5_float32": lambda: (qwen3_5_prefill(2, 128, torch.float32, ("tf32x3",), (0,)),
+                                   qwen3_5_decode(256, torch.float32)),
        "gemv": gemv_prologues,
-       "attention": attention_launches}
+       "attention": attention_launches,
+       # what a smaller GPU refuses (SM_ARCH=89 SM_MAX_SHARED=101376: 99 KiB per block)
+       "attention_wide": lambda: attention_launches(((torch.bfloat16, (512,)), (torch.float32, (256,))))}
 
 
 def main() -> None:
     JITFunction.run = _catch
-    for op, call in OPS.items():
+    selected = os.environ.get("SM90_OPS", ",".join(OPS)).split(",")  # a subset of the ops, by name
+    for op, call in ((op, OPS[op]) for op in selected):
         launches.clear()
         rejected.clear()
         call()  # an OutOfResources the op does not handle ends the script with its traceback

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
+from triton.runtime.errors import OutOfResources
 
 from ember.ops.attention import gather_blocks
 from ember.ops.triton import pdl
@@ -383,6 +384,40 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
     return _fit_float32_tiles(cfg, head_dim_pad, kv_itemsize)
 
 
+_fitted: dict[tuple, dict] = {}  # a launch's (kernel, device, constexprs, tile) -> the tile that fit its GPU
+
+
+def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
+    """launch(cfg): one kernel launch with these tile constexprs. Where the compiled kernel needs more shared memory
+    than this GPU's SMs have (OutOfResources, raised as the kernel loads, before it runs; e.g. a consumer GPU's 99
+    KiB against the 227 the tiles were tuned for), the same with a smaller tile: half the keys (BLOCK_N, down to
+    16), then one pipeline stage fewer (down to 1), then (prefill) half the queries of a tile (down to 16 rows).
+    The tile that fit is kept for the same launch; until a GPU has refused one, launches take their tile without
+    that lookup."""
+    if not _fitted:
+        try:
+            return launch(cfg)
+        except OutOfResources:
+            pass
+    key = key + tuple(sorted(cfg.items()))
+    cfg = dict(_fitted.get(key, cfg))
+    while True:
+        try:
+            launch(cfg)
+        except OutOfResources:
+            if cfg["BLOCK_N"] > 16:
+                cfg["BLOCK_N"] //= 2
+            elif cfg.get("num_stages", 1) > 1:
+                cfg["num_stages"] -= 1
+            elif cfg.get("BLOCK_Q", 0) * cfg.get("PACK", 1) > 16:
+                cfg["BLOCK_Q"] //= 2
+            else:
+                raise
+            continue
+        _fitted[key] = cfg
+        return
+
+
 def _fit_float32_tiles(cfg: dict, head_dim_pad: int, kv_itemsize: int) -> dict:
     """The tiles above were chosen for 2-byte KV. A float32 pool doubles each key/value tile's shared memory: at
     512-wide heads the split decode tile needed 292 KiB and the prefill tile 264 KiB of an SM's 227
@@ -411,17 +446,18 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     cos_sin, q_w = f.get("cos_sin"), f.get("q_norm_weight")
     bt = meta.block_tables
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FIRST"] else (num_seqs, num_kv_heads, num_splits)
-    _decode_kernel[grid](
-        q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
-        f["positions"] if cos_sin is not None else q, meta.slot_mapping, q_w if q_w is not None else q,
-        f["k_norm_weight"] if q_w is not None else q, cos_sin if cos_sin is not None else q, f.get("norm_eps", 0.0),
-        c["scale_log2"], c["softcap"], c["window"], num_splits,
-        q.stride(0), flags["HEAD_DIM"] if fused else q.stride(1), c["k"].stride(0), c["k"].stride(1),
-        c["k"].stride(2), bt.stride(0), out.stride(0), out.stride(1),
-        GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), NUM_SPLITS_PAD=MAX_SPLITS, IS_SPLIT=is_split,
-        FUSED_QKV=fused is not None, HAS_NORM=q_w is not None, HAS_ROPE=cos_sin is not None,
-        ROT_DIM=f.get("rot_dim", 0) if cos_sin is not None else 0, **cfg, **flags, **pdl.launch_args(q.device),
-    )
+    consts = dict(GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), NUM_SPLITS_PAD=MAX_SPLITS,
+                  IS_SPLIT=is_split, FUSED_QKV=fused is not None, HAS_NORM=q_w is not None,
+                  HAS_ROPE=cos_sin is not None, ROT_DIM=f.get("rot_dim", 0) if cos_sin is not None else 0, **flags)
+    _launch_fitting(("decode", q.device, q.dtype, kv_cache.dtype, *sorted(consts.items())), cfg, lambda tile: (
+        _decode_kernel[grid](
+            q, c["k"], c["v"], bt, meta.seq_lens, out, part_acc, part_ml,
+            f["positions"] if cos_sin is not None else q, meta.slot_mapping, q_w if q_w is not None else q,
+            f["k_norm_weight"] if q_w is not None else q, cos_sin if cos_sin is not None else q,
+            f.get("norm_eps", 0.0), c["scale_log2"], c["softcap"], c["window"], num_splits,
+            q.stride(0), flags["HEAD_DIM"] if fused else q.stride(1), c["k"].stride(0), c["k"].stride(1),
+            c["k"].stride(2), bt.stride(0), out.stride(0), out.stride(1), **tile, **consts,
+            **pdl.launch_args(q.device))))
     if is_split:
         _decode_merge_kernel[(num_seqs, num_heads)](
             part_acc, part_ml, out, num_splits, out.stride(0), out.stride(1),
@@ -486,14 +522,14 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     pack = triton.next_power_of_2(flags["GROUP"]) if cfg.pop("PACK_GQA", False) and flags["GROUP"] > 1 else 1
     block_q = max(1, cfg.pop("BLOCK_M") // pack)
     bt = meta.block_tables
-    grid = (triton.cdiv(max_query_len, block_q), meta.num_seqs, q.shape[1] if pack == 1 else kv_cache.shape[3])
-    _prefill_kernel[grid](
+    heads = q.shape[1] if pack == 1 else kv_cache.shape[3]
+    _launch_fitting(("prefill", q.device, q.dtype, kv_cache.dtype, *sorted(flags.items())),
+                    dict(cfg, BLOCK_Q=block_q, PACK=pack), lambda tile: _prefill_kernel[
+                        (triton.cdiv(max_query_len, tile["BLOCK_Q"]), meta.num_seqs, heads)](
         q, c["k"], c["v"], out, bt, meta.seq_lens, meta.query_start_loc,
         c["scale_log2"], c["softcap"], c["window"], FLASH_PREFILL_MIN_QUERY if long else 2**31 - 1,
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
-        out.stride(0), out.stride(1), BLOCK_Q=block_q, PACK=pack,
-        **cfg, **flags, **pdl.launch_args(q.device),
-    )
+        out.stride(0), out.stride(1), **tile, **flags, **pdl.launch_args(q.device)))
 
 
 def _decode_prefix(meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata] | None:
