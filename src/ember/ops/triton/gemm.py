@@ -86,17 +86,15 @@ def _gemv_kernel(x_ptr, up_ptr, w_ptr, b_ptr, out_ptr, res_ptr, res_out_ptr, nw_
         k = k0 + offs_k
         k_mask = k < K
         x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
-        if NORM == ADD_NORM:
-            if HAS_RES:
+        if NORM != 0:  # each add rounded to dtype as the torch reference rounds it
+            if HAS_RES and NORM == ADD_NORM:
                 x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
             nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             x = apply_weight(x.to(tl.float32) * rstd, nw, dtype, FLOAT_WEIGHT, W_OFFSET)
-        elif NORM == NORM_ADD:
-            nw = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-            x = apply_weight(x.to(tl.float32) * rstd, nw, dtype, FLOAT_WEIGHT, W_OFFSET)
-            x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
-            if pid == 0:
-                tl.store(res_out_ptr + k, x, mask=k_mask)
+            if NORM == NORM_ADD:
+                x = (x.to(tl.float32) + tl.load(res_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(dtype)
+                if pid == 0:
+                    tl.store(res_out_ptr + k, x, mask=k_mask)
         elif ACT != 0:
             up = tl.load(up_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             x = (act_fn(x.to(tl.float32), ACT).to(dtype).to(tl.float32) * up).to(dtype)
