@@ -162,10 +162,10 @@ def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32,
                 pool = torch.zeros(2, num_seqs * per_seq, block, kv_heads, d, dtype=dtype)
                 q = torch.zeros(num_seqs * q_len, heads, d, dtype=dtype)
                 if q_len == 1:
-                    cfg = attention.decode_config(num_seqs, kv_heads, cuda, d_pad, window, pool.element_size())
+                    cfg = attention.decode_config(num_seqs, kv_heads, cuda, d_pad, window)
                     attention._decode(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg)
                 else:
-                    cfg = attention.prefill_config(d_pad, q_len, cuda, pool.element_size())
+                    cfg = attention.prefill_config(d_pad, q_len, cuda)
                     attention._prefill(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg,
                                        flash=False)
 

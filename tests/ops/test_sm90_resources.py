@@ -57,14 +57,17 @@ def test_every_launch_fits_a_hopper_sm():
     assert {(c["NORM"], c["ACT"]) for c in gemv} >= {("0", "0"), ("1", "0"), ("2", "0"), ("0", "1"), ("0", "2")}
     assert all(c["USE_PDL"] == "True" for c in gemv)
     # paged attention at head widths 128 / 256 / 512 over bf16 and float32 pools, split and unsplit decode and
-    # prefill: each compiled within an SM's shared memory (a float32 Gemma 4 global layer asked an H100 for 292 KiB
-    # in session 24)
-    attention = {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"]["PRECISION"],
-                  r["constexprs"].get("IS_SPLIT")) for r in launched if r["op"] == "attention" and "D_PAD" in
-                 r["constexprs"] and r["kernel"] != "_decode_merge_kernel"}
-    assert attention == {(k, d, p, split) for d in ("128", "256", "512") for p in ("tf32", "ieee")
-                         for k, split in (("_decode_kernel", "True"), ("_decode_kernel", "False"),
-                                          ("_prefill_kernel", None))}
+    # prefill: each launched within an SM's shared memory. The tiles tuned for bf16 do not fit a float32 pool at
+    # 512-wide heads (a Gemma 4 global layer asked an H100 for 292 KiB in session 24): those two step down.
+    def attention(records):
+        return {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"]["PRECISION"], r["constexprs"].get("IS_SPLIT"))
+                for r in records if r["op"] == "attention" and r["kernel"] != "_decode_merge_kernel"}
+
+    assert attention(launched) == {(k, d, p, split) for d in ("128", "256", "512") for p in ("tf32", "ieee")
+                                   for k, split in (("_decode_kernel", "True"), ("_decode_kernel", "False"),
+                                                    ("_prefill_kernel", None))}
+    assert attention([r for r in records if r.get("rejected")]) == {("_decode_kernel", "512", "ieee", "True"),
+                                                                    ("_prefill_kernel", "512", "ieee", None)}
 
 
 def test_scan_falls_back_to_a_shallower_pipeline():

@@ -339,7 +339,7 @@ def _common(num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor, scale: f
 
 
 def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_dim_pad: int = 128,
-                  sliding_window: int | None = None, kv_itemsize: int = 2) -> dict:
+                  sliding_window: int | None = None) -> dict:
     """Launch parameters of the decode kernel for a batch, from sweeps on an H200 (benchmarks/attention.py --sweep):
     - a 3-stage pipeline and the heads of a sequence side by side gave 3% at batch 256 and 12% at batch 64 x 2048
       over 2 stages in sequence order (results/2026-12-03-h200-attention-sweep.*). Split launches (small batches,
@@ -368,7 +368,7 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
             cfg.update(BLOCK_N=32)
         elif wide:
             cfg.update(num_warps=8)
-        return _fit_float32_tiles(cfg, head_dim_pad, kv_itemsize)
+        return cfg
     per_sm = num_seqs * num_kv_heads / _num_sms(device)
     if wide and head_dim_pad == 256:
         cfg.update(num_warps=8)
@@ -380,8 +380,7 @@ def decode_config(num_seqs: int, num_kv_heads: int, device: torch.device, head_d
         cfg.update(BLOCK_N=128, num_warps=8, num_stages=3)
     if DECODE_TILE:
         cfg.update(DECODE_TILE)
-        return cfg
-    return _fit_float32_tiles(cfg, head_dim_pad, kv_itemsize)
+    return cfg
 
 
 _fitted: dict[tuple, dict] = {}  # a launch's (kernel, device, constexprs, tile) -> the tile that fit its GPU
@@ -389,11 +388,12 @@ _fitted: dict[tuple, dict] = {}  # a launch's (kernel, device, constexprs, tile)
 
 def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
     """launch(cfg): one kernel launch with these tile constexprs. Where the compiled kernel needs more shared memory
-    than this GPU's SMs have (OutOfResources, raised as the kernel loads, before it runs; e.g. a consumer GPU's 99
-    KiB against the 227 the tiles were tuned for), the same with a smaller tile: half the keys (BLOCK_N, down to
-    16), then one pipeline stage fewer (down to 1), then (prefill) half the queries of a tile (down to 16 rows).
-    The tile that fit is kept for the same launch; until a GPU has refused one, launches take their tile without
-    that lookup."""
+    than this GPU's SMs have (OutOfResources, raised as the kernel loads, before it runs: the tiles were tuned for
+    2-byte KV in an H200's 227 KiB; a float32 pool at 512-wide heads asked an H100 for 292 KiB, a consumer GPU has
+    99), the same with a smaller tile: half the keys (BLOCK_N, down to 16), then one pipeline stage fewer (down to
+    1), then (prefill) half the queries of a tile (down to 16 rows). CUDA graphs capture after an eager warm-up, so
+    a graphed launch finds its tile here. The tile that fit is kept for the same launch; until a GPU has refused
+    one, launches take their tile without that lookup."""
     if not _fitted:
         try:
             return launch(cfg)
@@ -418,23 +418,13 @@ def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
         return
 
 
-def _fit_float32_tiles(cfg: dict, head_dim_pad: int, kv_itemsize: int) -> dict:
-    """The tiles above were chosen for 2-byte KV. A float32 pool doubles each key/value tile's shared memory: at
-    512-wide heads the split decode tile needed 292 KiB and the prefill tile 264 KiB of an SM's 227
-    (tests/ops/test_sm90_resources.py compiles every width and dtype for sm_90), so those take half the keys."""
-    if kv_itemsize >= 4 and head_dim_pad >= 512:
-        cfg.update(BLOCK_N=max(16, cfg["BLOCK_N"] // 2))
-    return cfg
-
-
 def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
             fused: dict | None = None) -> None:
     """q: [T, Hq, D], or with `fused` (qkv_attention's arguments) the qkv projection's output [T, (Hq + 2 Hkv) D]."""
     num_seqs, num_heads = meta.num_seqs, out.shape[1]
     num_kv_heads = kv_cache.shape[3]
     c, flags = _common(num_heads, q.dtype, kv_cache, scale, sliding_window, softcap)
-    cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device, flags["D_PAD"], sliding_window,
-                                       kv_cache.element_size()))
+    cfg = dict(config or decode_config(num_seqs, num_kv_heads, q.device, flags["D_PAD"], sliding_window))
     num_splits = cfg.pop("num_splits")
     is_split = num_splits > 1
     if is_split:
@@ -466,7 +456,7 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
         )
 
 
-def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device, kv_itemsize: int = 2) -> dict:
+def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device) -> dict:
     """From a sweep on an H200 (benchmarks/attention.py --sweep, qwen3-8b heads): short prompts want small tiles
     (64 x 128-token prompts: 89 us against 135 us for 128 x 64 tiles), long ones wide key tiles (8k: 1,665 vs
     1,805 us). BLOCK_M is the rows of a tile; PACK_GQA fills them with every query head of a kv head."""
@@ -474,8 +464,7 @@ def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device, 
     if device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, **pack)
     if head_dim_pad > 128:
-        return _fit_float32_tiles(dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3, **pack), head_dim_pad,
-                                  kv_itemsize)
+        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=3, **pack)
     if max_query_len <= 512:
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=4, **pack)
     return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, **pack)
@@ -517,7 +506,7 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     if max_query_len == 0:
         return
     c, flags = _common(q.shape[1], q.dtype, kv_cache, scale, sliding_window, softcap)
-    cfg = dict(config or prefill_config(flags["D_PAD"], max_query_len, q.device, kv_cache.element_size()))
+    cfg = dict(config or prefill_config(flags["D_PAD"], max_query_len, q.device))
     # rows of a tile: BLOCK_M queries of one head, or BLOCK_M / PACK queries of each of PACK heads sharing a kv head
     pack = triton.next_power_of_2(flags["GROUP"]) if cfg.pop("PACK_GQA", False) and flags["GROUP"] > 1 else 1
     block_q = max(1, cfg.pop("BLOCK_M") // pack)
