@@ -10,7 +10,8 @@ ember decode through the real engine (scheduler, paged KV, CUDA graphs) at batch
     --shapes qwen3_5-default,gemma4-default
 
 Roofline: weight bytes (all parameters) / measured copy bandwidth per step, as the issue defines it; the
-"w+kv" column adds the KV bytes a step must read at the mean context length and, for hybrids, the recurrent
+"w+kv" column adds the KV bytes a step must read at the mean context length (in the pool's dtype:
+--kv-cache-dtype fp8 halves them) and, for hybrids, the recurrent
 state each sequence reads and writes back every step (--ssm-state-dtype bfloat16 halves its matrix). "read" is
 "w+kv" without the tables a step only gathers rows of (an untied input embedding, Gemma 4's 4 GB of per-layer
 input embeddings): the bytes a step streams, where "w" can pass 100%.
@@ -396,7 +397,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     batches = [int(x) for x in args.batches.split(",")]
     from ember.cli.info import model_summary
 
-    info = model_summary(model_dir, "bfloat16")
+    info = model_summary(model_dir, "bfloat16", kv_cache_dtype=args.kv_cache_dtype)
     # every attention layer at full length: exact for full attention, an upper bound for sliding layers
     kv_per_token = sum(info["kv_bytes_per_token_by_kind"].values())
     tokens = max(max(batches) * (max(prompt_lens) + OUTPUT_LEN), args.prefill_len + 16)
@@ -408,7 +409,7 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
               max_num_seqs=max(batches),
               max_num_batched_tokens=args.max_batched_tokens and max(args.max_batched_tokens, args.prefill_len),
               enable_prefix_caching=False, progress=False, async_scheduling=not args.serial,
-              ssm_state_dtype=args.ssm_state_dtype)
+              ssm_state_dtype=args.ssm_state_dtype, kv_cache_dtype=args.kv_cache_dtype)
     log(f"{shape}: loaded + captured in {time.perf_counter() - t0:.1f}s, "
         f"max_num_batched_tokens {llm.engine.sched_cfg.max_num_batched_tokens}")
     from ember import SamplingParams  # warm-up: the prefill kernels compile on first use, outside the timings
@@ -508,6 +509,7 @@ def main() -> None:
                          "for the device, 32768 on an H200)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--ssm-state-dtype", default="float32", help="hybrids' recurrent state matrix dtype")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8: the KV pool's dtype")
     ap.add_argument("--serial", action="store_true", help="no async scheduling: the host waits for every step")
     ap.add_argument("--profile", action="store_true", help="log per-kernel times of captured decode steps")
     ap.add_argument("--profile-run", action="store_true", help="log per-kernel times over one real run at the largest batch")
@@ -524,7 +526,7 @@ def main() -> None:
                 f.write(msg + "\n")
 
     ceil = dict(device=torch.cuda.get_device_name(), bandwidth=copy_bandwidth(), matmul_tflops=matmul_tflops(),
-                torch=torch.__version__)
+                torch=torch.__version__, kv_cache_dtype=args.kv_cache_dtype)
     log(json.dumps(ceil))
     rows = []
     for shape in args.shapes.split(","):

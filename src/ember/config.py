@@ -9,6 +9,9 @@ import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+# the KV pool's element type besides the model's own ("auto"): fp8 (OCP e4m3, as vLLM's --kv-cache-dtype fp8) stores
+# keys and values unscaled, saturated at +-448, and attention computes in the model dtype; half the bytes per token
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 
 
 def parse_dtype(dtype: str | torch.dtype | None, device: torch.device, hf_cfg: dict) -> torch.dtype:
@@ -125,6 +128,8 @@ class CacheConfig:
     # float16 / auto (the model dtype) for half the state memory and traffic; updates are computed in float32 either
     # way, the state is rounded where it is stored (vLLM's --mamba-ssm-cache-dtype)
     ssm_state_dtype: str = "float32"
+    # the KV pool's dtype: auto (the model dtype) or fp8 (KV_CACHE_DTYPES)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -136,6 +141,13 @@ class CacheConfig:
         if self.ssm_state_dtype != "auto" and self.ssm_state_dtype not in DTYPES:
             raise ValueError(f"unsupported ssm_state_dtype {self.ssm_state_dtype!r}; "
                              f"supported: auto, {', '.join(sorted(DTYPES))}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unsupported kv_cache_dtype {self.kv_cache_dtype!r}; "
+                             f"supported: auto, {', '.join(KV_CACHE_DTYPES)}")
+
+    def kv_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV pool's dtype for a model in model_dtype."""
+        return model_dtype if self.kv_cache_dtype == "auto" else KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     def state_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The recurrent state matrix's dtype for a model in model_dtype."""

@@ -46,7 +46,7 @@ class LLM:
                  max_num_batched_tokens: int | None = None,
                  load_format: str = "safetensors", seed: int = 0, progress: bool = True,
                  tensor_parallel_size: int = 1, async_scheduling: bool = True,
-                 ssm_state_dtype: str = "float32") -> None:
+                 ssm_state_dtype: str = "float32", kv_cache_dtype: str = "auto") -> None:
         if model is None:
             from ember.demo import demo_model_dir
             model = demo_model_dir()
@@ -58,7 +58,7 @@ class LLM:
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_gb=kv_cache_gb,
                                 enable_prefix_caching=enable_prefix_caching, fit_max_num_seqs=max_num_seqs is None,
                                 fit_max_num_batched_tokens=max_num_batched_tokens is None,
-                                ssm_state_dtype=ssm_state_dtype)
+                                ssm_state_dtype=ssm_state_dtype, kv_cache_dtype=kv_cache_dtype)
         if max_num_seqs is None:  # by device: 256 on a GPU, 64 on CPU; lowered by the runner where memory is short
             max_num_seqs = default_max_num_seqs(model_cfg.device)
         if max_num_batched_tokens is None:  # by device: 32768 on an H100/H200-class GPU, 2048 on CPU; lowered by

@@ -23,11 +23,11 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, te
 PROMPT_LENS = (5, 9, 30, 3, 17, 12)
 
 
-def _generate(model_dir, warm_up: bool = False) -> tuple[list, list]:
+def _generate(model_dir, warm_up: bool = False, kv_cache_dtype: str = "auto") -> tuple[list, list]:
     """(token ids of plain greedy, which samples by argmax alone; (token ids, logprobs) of greedy with logprobs).
     warm_up: first run the runner's start-up warm-up (CUDA runs it by itself), which must leave no trace."""
     llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False, max_num_batched_tokens=32,
-              max_num_seqs=8)
+              max_num_seqs=8, kv_cache_dtype=kv_cache_dtype)
     if warm_up:
         llm.engine.runner.warm_up()
     prompts = [torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPT_LENS]
@@ -40,14 +40,18 @@ def _generate(model_dir, warm_up: bool = False) -> tuple[list, list]:
 
 # qwen3: q/k norm, GQA; gemma4: sliding and full KV groups with their own block tables, softcap, KV-shared layers,
 # per-layer inputs (sandwich norms, the v norm and the per-layer gate through their Triton kernels; K = V layers:
-# tests/ops and tests/gpu); qwen3_5: Gated DeltaNet layers (state slots) between gated full-attention layers
-@pytest.mark.parametrize("name", ["qwen3", "gemma4", "qwen3_5"])
-def test_engine_on_triton_kernels_matches_reference_ops(name, hf_models, hybrid_models, monkeypatch):
+# tests/ops and tests/gpu); qwen3_5: Gated DeltaNet layers (state slots) between gated full-attention layers.
+# fp8: the KV pool in fp8, written and read by the kernels as by the reference (Gemma 4's variants into an fp8 pool:
+# tests/ops)
+@pytest.mark.parametrize("name,kv_cache_dtype", [("qwen3", "auto"), ("gemma4", "auto"), ("qwen3_5", "auto"),
+                                                 ("qwen3", "fp8")])
+def test_engine_on_triton_kernels_matches_reference_ops(name, kv_cache_dtype, hf_models, hybrid_models,
+                                                        monkeypatch):
     from ember.ops.triton import attention as tri_attn
     from ember.ops.triton import reduce as tri_reduce
 
     model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
-    ref = _generate(model_dir)
+    ref = _generate(model_dir, kv_cache_dtype=kv_cache_dtype)
     monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
     monkeypatch.setattr(tri_attn, "MIXED_DECODE_MIN_SEQS", 2)  # the small batch's mixed steps split too
     monkeypatch.setattr(tri_reduce, "MIN_ROWS", 1)
@@ -66,7 +70,7 @@ def test_engine_on_triton_kernels_matches_reference_ops(name, hf_models, hybrid_
 
     monkeypatch.setattr(tri_attn, "_decode_prefix", counted_split)
     monkeypatch.setattr(tri_reduce, "_argmax_rows_kernel", CountedKernel())
-    plain, scored = _generate(model_dir, warm_up=True)
+    plain, scored = _generate(model_dir, warm_up=True, kv_cache_dtype=kv_cache_dtype)
     assert calls["decode_prefix"] > 0, "no mixed step put its decodes through the decode kernel"
     assert calls["row_argmax"] > 0, "plain greedy did not sample through the Triton argmax"
     assert plain == ref[0]

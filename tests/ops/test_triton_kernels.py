@@ -410,6 +410,97 @@ def test_prefill_kernel_skips_sequences_sent_to_flash_attention(monkeypatch):
                 close(out[rows], ref[rows], dtype)
 
 
+FP8 = torch.float8_e4m3fn
+
+
+def assert_same_fp8(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Two fp8 pools hold the same values: bit for bit from float32; from bf16 the reference rounds to bf16 before
+    fp8 and the kernels round from float32, so an element may differ by one fp8 step (1/8 relative)."""
+    got, ref = got.cpu().float(), ref.cpu().float()
+    assert torch.isfinite(got).all()
+    if dtype == torch.float32:
+        assert torch.equal(got, ref)
+    else:
+        torch.testing.assert_close(got, ref, rtol=0.125, atol=2.0**-9)
+
+
+def test_fp8_pool_writes_saturate():
+    """Keys and values beyond fp8's range are stored as +-448 (a plain cast gives NaN), by the reference and the
+    kernel alike; the rest round to the nearest fp8 value."""
+    g = torch.Generator().manual_seed(8)
+    k = torch.randn(5, 2, 16, generator=g) * torch.tensor([1.0, 1000.0])[None, :, None]
+    v = -k
+    slots = torch.tensor([3, 17, 40, 2, -1])
+    pools = [torch.zeros(2, 3, BLOCK_SIZE, 2, 16, dtype=FP8, device=DEVICE) for _ in range(2)]
+    ref_attn.write_kv(pools[0], k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE))
+    tri.write_kv(pools[1], k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE))
+    assert_same_fp8(pools[1], pools[0], torch.float32)
+    flat = pools[0].cpu().float().view(2, -1, 2, 16)
+    assert torch.equal(flat[0, 17, 1], k[1, 1].clamp(-448, 448).to(FP8).float())
+    assert (flat[1, 17, 1].abs() == 448).sum() == (k[1, 1].abs() > 464).sum() > 0  # 464: halfway to the next step
+    assert torch.equal(flat[0, 40, 0], k[2, 0].to(FP8).float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["llama", "v_norm", "k_as_v"])
+def test_prepare_qkv_into_an_fp8_pool(dtype, variant):
+    """q as with a pool in the model dtype; k and v rounded to fp8 where they are stored."""
+    g = torch.Generator().manual_seed(len(variant))
+    heads, kv_heads, head_dim, num_tokens, num_blocks, rot_dim = 4, 2, 32, 9, 5, 32
+    kv_parts = 1 if variant == "k_as_v" else 2
+    qkv = (torch.randn(num_tokens, (heads + kv_parts * kv_heads) * head_dim, generator=g) * 3).to(DEVICE, dtype)
+    positions = torch.randint(0, 200, (num_tokens,), generator=g).to(DEVICE)
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, generator=g)[:num_tokens].to(DEVICE)
+    qw, kw = ((1 + 0.1 * torch.randn(head_dim, generator=g)).to(DEVICE, dtype) for _ in range(2))
+    pools = [torch.zeros(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype=FP8, device=DEVICE) for _ in range(2)]
+    args = (heads, kv_heads, qw, kw, 1e-6, _cos_sin(256, rot_dim), rot_dim, variant == "v_norm", variant == "k_as_v")
+    q_ref = ref_attn.prepare_qkv(qkv.clone(), positions, pools[0], slots, *args)
+    q_tri = tri.prepare_qkv(qkv.clone(), positions, pools[1], slots, *args)
+    close(q_tri, q_ref, dtype)
+    assert_same_fp8(pools[1], pools[0], dtype)
+    written = pools[0].view(torch.uint8).view(2, -1, kv_heads * head_dim).any(-1)
+    assert written.sum() == 2 * num_tokens and written[:, slots.cpu()].all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["decode", "decode_split", "prefill", "prefill_flash"])
+def test_paged_attention_over_an_fp8_pool(dtype, case, monkeypatch):
+    """Every attention path reads an fp8 pool as the reference does: its values, in the model dtype."""
+    from ember.ops.triton import attention as tri_attn
+
+    query_lens, context = {"decode": ([1] * 9, [5, 40, 0, 77, 16, 3, 90, 31, 8]), "decode_split": ([1], [70]),
+                           "prefill": ([37, 1, 20, 5, 1], [0, 40, 33, 0, 3]),
+                           "prefill_flash": ([37, 1, 20, 5, 1], [0, 40, 33, 0, 3])}[case]
+    monkeypatch.setattr(tri_attn, "FLASH_PREFILL_MIN_QUERY", 16 if case == "prefill_flash" else 0)
+    calls = []
+    flash = tri_attn._flash_prefill
+    monkeypatch.setattr(tri_attn, "_flash_prefill", lambda *a: (calls.append(a[4]), flash(*a)))
+    q, pool, meta = _batch(query_lens, context, 8, 2, 64, dtype, len(case))
+    pool = pool.to(FP8)
+    ref = reference_attention(q, pool, meta, 0.125, None, None)
+    close(tri.paged_attention(q, pool, meta, 0.125, None, None), ref, dtype)
+    assert calls == ([0, 2] if case == "prefill_flash" and (DEVICE == "cpu" or dtype != torch.float32) else [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_seqs", [1, 9])
+def test_qkv_attention_decode_fused_into_an_fp8_pool(dtype, num_seqs, monkeypatch):
+    """The fused decode kernel stores the new token's k and v as fp8 and attends to them as stored."""
+    from ember.ops.triton import attention as tri_attn
+
+    monkeypatch.setattr(tri_attn, "FUSE_MAX_PROGRAMS_PER_SM", 64)
+    qkv, positions, pool, meta, kw = _qkv_decode_case(8, 2, 32, 32, True, num_seqs, dtype, seed=num_seqs)
+    pool = pool.to(FP8)
+    tensors = {f.name: getattr(meta, f.name) for f in fields(meta)}
+    cpu_meta = replace(meta, **{k: v.cpu() for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    ref_pool = pool.cpu()
+    ref = ref_attn.qkv_attention(_cpu(qkv), positions.cpu(), ref_pool, cpu_meta, scale=0.2,
+                                 **{k: _cpu(v) for k, v in kw.items()})
+    got = tri.qkv_attention(qkv, positions, pool, meta, scale=0.2, **kw)
+    close(got, ref.to(DEVICE), dtype)
+    assert_same_fp8(pool, ref_pool, dtype)
+
+
 GEMV_SHAPES = [(64, 96), (37, 200), (1030, 64), (24, 2100), (24, 8300)]  # n, k: ragged and multi-block in both;
 # the last takes the long-K tile
 

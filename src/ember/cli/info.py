@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def model_summary(model_dir: str, dtype: str = "auto", ssm_state_dtype: str = "float32") -> dict:
+def model_summary(model_dir: str, dtype: str = "auto", ssm_state_dtype: str = "float32",
+                  kv_cache_dtype: str = "auto") -> dict:
     """Built on the meta device: no weights are read, so it is instant for any size."""
     import torch
 
@@ -28,30 +29,31 @@ def model_summary(model_dir: str, dtype: str = "auto", ssm_state_dtype: str = "f
     cls = get_model_class(cfg.model_type)
     with torch.device("meta"):
         model = cls(model_args(cls, cfg.hf_config))
-    state_dtype = CacheConfig(ssm_state_dtype=ssm_state_dtype).state_dtype(cfg.dtype)
+    cache_cfg = CacheConfig(ssm_state_dtype=ssm_state_dtype, kv_cache_dtype=kv_cache_dtype)
+    state_dtype, kv_dtype = cache_cfg.state_dtype(cfg.dtype), cache_cfg.kv_dtype(cfg.dtype)
     specs = with_recurrent_dtype(model.cache_specs(), state_dtype)
     kinds = collections.Counter(type(s).__name__.replace("Spec", "") for s in specs)
     groups, block_size = kv_groups(specs), CacheConfig().block_size
     by_kind: collections.Counter = collections.Counter()
     for s in specs:
-        by_kind[type(s).__name__.replace("Spec", "")] += s.bytes_per_token(cfg.dtype)
+        by_kind[type(s).__name__.replace("Spec", "")] += s.bytes_per_token(kv_dtype)
     return {
         "model": model_dir, "model_type": cfg.model_type, "architecture": cls.__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(cfg.dtype).removeprefix("torch."),
-        "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
+        "kv_cache_dtype": str(kv_dtype).removeprefix("torch."), "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
         "vocab_size": cfg.hf_config.get("vocab_size"),
         # what grows with the context: full-attention layers; sliding layers stop at their window
-        "kv_bytes_per_token": sum(g.bytes_per_token(specs, cfg.dtype) for g in groups if g.window is None),
+        "kv_bytes_per_token": sum(g.bytes_per_token(specs, kv_dtype) for g in groups if g.window is None),
         "kv_bytes_per_token_by_kind": {k: v for k, v in by_kind.items() if v},
         "sliding_kv_bytes_per_sequence": {
-            g.window: g.bytes_per_token(specs, cfg.dtype) * (-(-(g.window - 1) // block_size) + 2) * block_size
+            g.window: g.bytes_per_token(specs, kv_dtype) * (-(-(g.window - 1) // block_size) + 2) * block_size
             for g in groups if g.window is not None},
         "state_bytes_per_sequence": state_bytes_per_slot(specs, cfg.dtype),  # recurrent layers' fixed state
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    info = model_summary(resolve_model(args), args.dtype, args.ssm_state_dtype)
+    info = model_summary(resolve_model(args), args.dtype, args.ssm_state_dtype, args.kv_cache_dtype)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -83,7 +83,9 @@ class EngineCore:
                                         + _as_list(tokenizer.eos_token_id if tokenizer else None)
                                         + _as_list(model_cfg.hf_config.get("eos_token_id"))))
         extra = f"dummy:{model_cfg.seed}" if model_cfg.load_format == "dummy" else ""
-        self.namespace = cache_namespace(file_fingerprint(model_cfg.model, extra), str(model_cfg.dtype))
+        kv_dtype = self.cache_cfg.kv_dtype(model_cfg.dtype)  # KV stored in another dtype is another codec
+        codec = "none" if kv_dtype == model_cfg.dtype else str(kv_dtype).removeprefix("torch.")
+        self.namespace = cache_namespace(file_fingerprint(model_cfg.model, extra), str(model_cfg.dtype), codec)
         self.kv = self._kv_manager()
         self.scheduler = Scheduler(self.sched_cfg, self.kv)
         self.outputs = OutputProcessor(tokenizer)

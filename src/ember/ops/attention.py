@@ -12,12 +12,27 @@ from ember.ops.rotary import apply_rotary
 from ember.worker.attn_metadata import AttentionMetadata
 
 
+def to_pool_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as the pool stores it: an fp8 pool (config.KV_CACHE_DTYPES) saturates at its largest finite value, where a
+    plain cast would overflow to NaN; the kernels' stores do the same (ember.ops.triton.qkv)."""
+    if dtype.itemsize != 1:
+        return x.to(dtype)
+    fmax = torch.finfo(dtype).max
+    return x.float().clamp(-fmax, fmax).to(dtype)
+
+
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     # k, v: [T, Hkv, D]; slots < 0 are padding and are skipped
     num_kv_heads, head_dim = kv_cache.shape[-2:]
+    if (slot_mapping < 0).any():
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    k, v = to_pool_dtype(k, kv_cache.dtype), to_pool_dtype(v, kv_cache.dtype)
+    if kv_cache.dtype.itemsize == 1:  # index_copy_ has no fp8 kernels on CPU: copy the bytes
+        kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
-    flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
 
 
 def prepare_qkv(

@@ -181,6 +181,15 @@ def _device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Te
 _ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
 
 
+def _check_kv_dtype(kv_dtype: torch.dtype, device: torch.device) -> None:
+    """An fp8 pool on a GPU whose Triton kernels cannot convert fp8 (compute capability below 8.9: Ada, Hopper)."""
+    if kv_dtype.itemsize == 1 and device.type == "cuda" and ops.triton_enabled():
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"kv_cache_dtype fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper); "
+                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}: use kv_cache_dtype auto")
+
+
 def _rows(lp: LogprobsTensors, n: int) -> list[TokenLogprobs]:
     ids, vals, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.ranks.tolist()
     return [TokenLogprobs(ids[i], vals[i], ranks[i]) for i in range(n)]
@@ -199,6 +208,8 @@ class ModelRunner:
         self.cache_cfg = cache_cfg
         self.device = model_cfg.device
         self.dtype = model_cfg.dtype
+        self.kv_dtype = cache_cfg.kv_dtype(self.dtype)
+        _check_kv_dtype(self.kv_dtype, self.device)
         self.block_size = cache_cfg.block_size
         self.model = load_model(model_cfg, progress)
         self.cache_specs: list[LayerCacheSpec] = with_recurrent_dtype(self.model.cache_specs(),
@@ -274,7 +285,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_token(self) -> int:
         """Per token of group 0 (full attention, or the only sliding window): what the block pool is sized by."""
-        return self.kv_groups[0].bytes_per_token(self.cache_specs, self.dtype) if self.kv_groups else 0
+        return self.kv_groups[0].bytes_per_token(self.cache_specs, self.kv_dtype) if self.kv_groups else 0
 
     def _sliding_blocks(self, window: int) -> int:
         c = self.cache_cfg
@@ -283,8 +294,8 @@ class ModelRunner:
     @property
     def sliding_bytes(self) -> int:
         """Memory of the sliding-window groups after the first, capped by their windows, not by the context."""
-        return sum(self._sliding_blocks(g.window) * self.block_size * g.bytes_per_token(self.cache_specs, self.dtype)
-                   for g in self.kv_groups[1:])
+        return sum(self._sliding_blocks(g.window) * self.block_size
+                   * g.bytes_per_token(self.cache_specs, self.kv_dtype) for g in self.kv_groups[1:])
 
     @property
     def state_bytes(self) -> int:
@@ -374,7 +385,7 @@ class ModelRunner:
                 caches.append(None)
                 continue
             shape = (2, self.group_num_blocks[group], self.block_size, spec.num_kv_heads, spec.head_dim)
-            caches.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+            caches.append(torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
         return caches
 
     def _allocate_state(self) -> StateCache:

@@ -24,11 +24,12 @@ import triton.language as tl
 from torch.nn.attention.bias import causal_lower_right
 from triton.runtime.errors import OutOfResources
 
+from ember.config import KV_CACHE_DTYPES
 from ember.ops.attention import gather_blocks
 from ember.ops.triton import pdl
 from ember.ops.triton.overrides import env_launch
 from ember.ops.triton.pdl import release_dependents, wait_prior
-from ember.ops.triton.qkv import _norm_rope, prepare_qkv
+from ember.ops.triton.qkv import _norm_rope, prepare_qkv, to_pool
 
 from ember.worker.attn_metadata import AttentionMetadata
 
@@ -47,14 +48,15 @@ MIXED_DECODE_MIN_SEQS = 16
 # skips them. On an H200 (benchmarks/attention.py, qwen3-8b heads, us per layer, this way vs the kernel):
 # 1 x 8192 tokens 972 vs 1,697; 2 x 4096 575 vs 947; 4 x 2048 403 vs 498; 4 x 1536 272 vs 310; but 8 x 1024 347
 # vs 305 (one SDPA call, two KV gathers and an output copy per sequence; SDPA over the padded batch takes 153).
-# The kernel's time grows with the square of the length, the per-call costs do not. Sliding windows,
-# soft-capping and quantized pools stay in the kernel. 0: off.
+# The kernel's time grows with the square of the length, the per-call costs do not. Sliding windows and
+# soft-capping stay in the kernel; an fp8 pool's keys are gathered in the model dtype. 0: off.
 FLASH_PREFILL_MIN_QUERY = int(os.environ.get("EMBER_FLASH_PREFILL_MIN_QUERY", "1536"))
 # EMBER_DECODE_TILE="BLOCK_N,num_warps,num_stages": the unsplit decode launch's tile on a GPU, for measuring
 # alternatives inside a real run (benchmarks/gpu_decode.py), where clocks and the pool differ from a
 # microbenchmark (five tiles made no difference: benchmarks/NOTES-gpu.md, v9)
 DECODE_TILE = env_launch("EMBER_DECODE_TILE", ("BLOCK_N", "num_warps", "num_stages"))
 LOG2E = 1.4426950408889634
+FP8 = tuple(KV_CACHE_DTYPES.values())
 # EMBER_PREFILL_PACK_GQA=0: the prefill kernel's tiles hold one query head each (A/B measurements)
 PREFILL_PACK_GQA = os.environ.get("EMBER_PREFILL_PACK_GQA", "1") != "0"
 
@@ -177,11 +179,10 @@ def _decode_kernel(
     if FUSED_QKV:
         if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
             num_q_heads = num_kv_heads * GROUP
-            k_new = _norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM, eps, 1,
-                               HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, False, 0.0).to(
-                                   k_ptr.dtype.element_ty)
-            v_new = tl.load(row + (num_q_heads + num_kv_heads + kv_head) * HEAD_DIM + offs_d[None, :],
-                            mask=d_mask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
+            k_new = to_pool(_norm_rope(row + (num_q_heads + kv_head) * HEAD_DIM, k_w_ptr, cos_ptr, cos_ptr + ROT_DIM,
+                                       eps, 1, HEAD_DIM, 1, D_PAD, ROT_DIM, HAS_NORM, HAS_ROPE, False, 0.0), k_ptr)
+            v_new = to_pool(tl.load(row + (num_q_heads + num_kv_heads + kv_head) * HEAD_DIM + offs_d[None, :],
+                                    mask=d_mask[None, :], other=0.0), v_ptr)
             slot = tl.load(slot_ptr + seq).to(tl.int64)
             if slot >= 0:
                 off = (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
@@ -471,7 +472,7 @@ def prefill_config(head_dim_pad: int, max_query_len: int, device: torch.device) 
 
 
 def _flash_ok(q: torch.Tensor, kv_cache: torch.Tensor, sliding_window, softcap) -> bool:
-    if FLASH_PREFILL_MIN_QUERY <= 0 or sliding_window or softcap or kv_cache.dtype != q.dtype:
+    if FLASH_PREFILL_MIN_QUERY <= 0 or sliding_window or softcap or kv_cache.dtype not in (q.dtype, *FP8):
         return False
     if q.device.type != "cuda":  # the interpreter tests: SDPA's math path stands in for the flash kernel
         return True
@@ -485,7 +486,7 @@ def _flash_prefill(q, kv_cache, meta: AttentionMetadata, out, seq: int, scale: f
     qsl = meta.query_start_loc_cpu
     s, e, seq_len = qsl[seq], qsl[seq + 1], meta.seq_lens_cpu[seq]
     blocks = meta.block_tables[seq, : -(-seq_len // kv_cache.shape[2])]
-    k, v = (gather_blocks(kv_cache[i], blocks)[:seq_len].transpose(0, 1)[None] for i in (0, 1))
+    k, v = (gather_blocks(kv_cache[i], blocks)[:seq_len].to(q.dtype).transpose(0, 1)[None] for i in (0, 1))
     mask = causal_lower_right(e - s, seq_len) if e - s != seq_len else None
     o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=mask is None,
                                        scale=scale, enable_gqa=True)

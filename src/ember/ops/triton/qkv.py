@@ -22,6 +22,22 @@ PREPARE_QKV_CONFIG = env_launch("EMBER_PREPARE_QKV_CONFIG", ("q_parts", "num_war
 
 
 @triton.jit
+def to_pool(x, ptr):
+    """x as the pool at ptr stores it (ember.ops.attention.to_pool_dtype): fp8 e4m3 saturates at +-448 and rounds
+    to nearest even. The rounding is done here in float32, to a multiple of the value's fp8 step (2^(e - 3) in the
+    binade 2^e, 2^-9 below 2^-6) by adding and taking away 1.5 * 2^23 steps; the cast then is exact. (Triton's
+    interpreter, which the CPU tests run, rounds an fp8 cast up without carrying into the exponent: 0.49 -> 0.25.)"""
+    dtype = ptr.dtype.element_ty
+    if dtype == tl.float8e4nv:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+        exponent = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        step = ((tl.maximum(exponent - 3, -9) + 127) << 23).to(tl.float32, bitcast=True)
+        magic = step * 12582912.0
+        x = (x + magic) - magic
+    return x.to(dtype)
+
+
+@triton.jit
 def _norm_rope(ptr, w_ptr, cos_ptr, sin_ptr, eps, num_heads,
                HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr, D_PAD: tl.constexpr, ROT_DIM: tl.constexpr,
                HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr, FLOAT_WEIGHT: tl.constexpr,
@@ -105,9 +121,8 @@ def _prepare_qkv_kernel(
             v = v.to(row.dtype.element_ty)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            cache_dtype = k_cache_ptr.dtype.element_ty
-            tl.store(k_cache_ptr + slot * stride_slot + kv_offs, k.to(cache_dtype), mask=kv_mask)
-            tl.store(v_cache_ptr + slot * stride_slot + kv_offs, v.to(cache_dtype), mask=kv_mask)
+            tl.store(k_cache_ptr + slot * stride_slot + kv_offs, to_pool(k, k_cache_ptr), mask=kv_mask)
+            tl.store(v_cache_ptr + slot * stride_slot + kv_offs, to_pool(v, v_cache_ptr), mask=kv_mask)
 
 
 def prepare_config(num_tokens: int) -> dict:
