@@ -2,7 +2,7 @@
 
 A decode step at batch B and context C must read B * C * 2 * kv_heads * head_dim * 2 bytes of KV per layer; this
 times ember's Triton decode kernel (ember.ops.triton.attention) over those bytes and reports TB/s against the
-measured copy bandwidth. Each timing replays a CUDA graph of 32 launches that cycle over separate KV pools (>= 1 GB
+measured copy bandwidth (--kv-dtype fp8: an fp8 pool, half the bytes). Each timing replays a CUDA graph of 32 launches that cycle over separate KV pools (>= 1 GB
 in all), like the layers of a model, so KV comes from HBM and launch gaps are those of a captured step. Block
 tables are a random permutation of the pool, as after the scheduler has interleaved many sequences' allocations.
 
@@ -53,12 +53,13 @@ def copy_bandwidth() -> float:
 class Case:
     """KV pools, block tables and queries for batch x context, in one layout."""
 
-    def __init__(self, heads: tuple[int, int, int], batch: int, ctx: int, layout: str, seed: int = 0) -> None:
+    def __init__(self, heads: tuple[int, int, int], batch: int, ctx: int, layout: str, seed: int = 0,
+                 kv_dtype: torch.dtype = torch.bfloat16) -> None:
         hq, hkv, d = heads
         g = torch.Generator(device="cuda").manual_seed(seed)
         blocks_per_seq = -(-ctx // BLOCK_SIZE)
         num_blocks = batch * blocks_per_seq
-        pool_bytes = 2 * num_blocks * BLOCK_SIZE * hkv * d * 2
+        pool_bytes = 2 * num_blocks * BLOCK_SIZE * hkv * d * kv_dtype.itemsize
         self.num_pools = max(2, min(LAUNCHES, -(-2**30 // pool_bytes)))
         self.pools = []
         for _ in range(self.num_pools):
@@ -67,7 +68,7 @@ class Case:
             else:  # HND storage, viewed as [2, block, slot, head, dim] through strides
                 kv = torch.randn(2, num_blocks, hkv, BLOCK_SIZE, d, device="cuda", dtype=torch.bfloat16,
                                  generator=g).transpose(2, 3)
-            self.pools.append(kv)
+            self.pools.append(kv.to(kv_dtype))
         perm = torch.randperm(num_blocks, device="cuda", generator=g).to(torch.int32)
         self.block_tables = perm.view(batch, blocks_per_seq)
         self.q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -86,7 +87,7 @@ class Case:
         self.qk = dict(num_heads=hq, num_kv_heads=hkv, q_norm_weight=torch.ones(d, device="cuda", dtype=torch.bfloat16),
                        k_norm_weight=torch.ones(d, device="cuda", dtype=torch.bfloat16), norm_eps=1e-6,
                        cos_sin=torch.cat([emb.cos(), emb.sin()], -1), rot_dim=d)
-        self.kv_bytes = batch * ctx * 2 * hkv * d * 2
+        self.kv_bytes = batch * ctx * 2 * hkv * d * kv_dtype.itemsize
         self.heads, self.batch, self.ctx = heads, batch, ctx
 
     def launch(self, pool: int, config: dict | None):
@@ -120,7 +121,7 @@ class Case:
     def contiguous_kv(self, pool: int) -> tuple[torch.Tensor, torch.Tensor]:
         kv = self.pools[pool][:, self.block_tables.long()]  # [2, B, blocks, slot, head, dim]
         kv = kv.flatten(2, 3)[:, :, :self.ctx].transpose(2, 3)  # [2, B, head, C, dim]
-        return kv[0].contiguous(), kv[1].contiguous()
+        return kv[0].to(self.q.dtype).contiguous(), kv[1].to(self.q.dtype).contiguous()
 
     def sdpa_us(self) -> float:
         kvs = [self.contiguous_kv(i) for i in range(min(self.num_pools, 4))]
@@ -302,6 +303,7 @@ def main() -> None:
     ap.add_argument("--prefill-cases", default="64x128,8x1024,1x8192", help="SEQSxLEN fresh prompts, comma-separated")
     ap.add_argument("--mixed-cases", default="64x63,192x64", help="DECODESxPROMPTS mixed steps, comma-separated")
     ap.add_argument("--interleaved-cases", default="", help="BATCHxCONTEXT decode attention between gate/up GEMMs")
+    ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp8"], help="the pool's dtype (fp8: e4m3)")
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -310,13 +312,14 @@ def main() -> None:
     rows = []
     cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
     for (batch, ctx), layout in tqdm(list(itertools.product(cases, args.layouts.split(","))), desc="cases"):
-        case = Case(HEADS[args.heads], batch, ctx, layout)
+        case = Case(HEADS[args.heads], batch, ctx, layout,
+                    kv_dtype=torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16)
         default = attention.decode_config(batch, case.heads[1], case.q.device,
                                           triton.next_power_of_2(case.heads[2]))
         attention._decode(case.q, case.pools[0], case.meta, case.out, case.scale, None, None)
         ref = case.reference()
         err = ((case.out.float() - ref.float()).norm() / ref.float().norm()).item()
-        row = dict(heads=args.heads, batch=batch, ctx=ctx, layout=layout, kv_mb=case.kv_bytes / 1e6, rel_err=err,
+        row = dict(heads=args.heads, kv_dtype=args.kv_dtype, batch=batch, ctx=ctx, layout=layout, kv_mb=case.kv_bytes / 1e6, rel_err=err,
                    default=default, us=case.time_us())
         if layout == "NHD" and case.heads[2] <= 128:  # (the fused kernel's prologue: Qwen3's q/k norm layout)
             row["sdpa_us"] = case.sdpa_us()

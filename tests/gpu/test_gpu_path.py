@@ -66,6 +66,23 @@ def test_gpu_bf16_matches_cpu_fp32_teacher_forced(shape, tmp_path):
     bf16_against_cpu(make_demo_model(tmp_path, shape))
 
 
+@pytest.mark.parametrize("shape", ["tiny", "tiny-llama"])
+def test_gpu_fp8_kv_matches_cpu_fp32_teacher_forced(shape, tmp_path):
+    """bf16 weights over an fp8 KV pool on the GPU, decode steps in graphs, against CPU float32 with float32 KV:
+    the bars of tests/engine/test_kv_cache_dtype.py (the CPU path with fp8 KV)."""
+    from ember.demo import make_demo_model
+
+    model_dir = make_demo_model(tmp_path, shape)
+    reference = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
+    gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1, kv_cache_dtype="fp8")
+    assert gpu.engine.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    graph_steps = count_graph_steps(gpu.engine.runner.graphs)
+    result = teacher_forced(gpu, reference)
+    assert len(graph_steps) >= NUM_STEPS - 1, "decode steps should run in captured graphs"
+    assert result.rel < 3e-2 and result.rel_prefill < 3e-2, result
+    assert result.agree >= 0.98 and result.worst_tie < 0.05, result
+
+
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen3", "qwen2", "mistral-window"])
 def test_gpu_fp32_matches_cpu_fp32_teacher_forced(arch, hf_models):
     """The parity configs (GQA ratios, biases, q/k norm, odd head dims, sliding window) in float32 on the GPU:

@@ -90,6 +90,16 @@ def _load_kv(k_ptr, v_ptr, table_ptr, pos, n_mask, d_mask, kv_head, offs_d,
 
 
 @triton.jit
+def _dot_operand(q, k_ptr):
+    """q in the dtype of the attention dots: over an fp8 pool a bf16 model's dots run in fp16, since fp8 -> fp16 is
+    one conversion instruction per two values and fp8 -> bf16 is not (fp8 values are exact in fp16; queries and
+    softmax probabilities fit its range, at more precision than bf16's); accumulators stay float32."""
+    if k_ptr.dtype.element_ty == tl.float8e4nv and q.dtype == tl.bfloat16:
+        q = q.to(tl.float16)
+    return q
+
+
+@triton.jit
 def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at zero
@@ -154,6 +164,8 @@ def _decode_kernel(
     else:
         q = tl.load(row + heads[:, None] * stride_qh + offs_d[None, :], mask=qo_mask, other=0.0)
         kv_len = seq_len
+    q = _dot_operand(q, k_ptr)
+    dtype = q.dtype
     lo = 0
     if HAS_WINDOW:
         lo = tl.maximum(seq_len - window, 0)
@@ -290,7 +302,7 @@ def _prefill_kernel(
     q_pos = seq_len - q_len + offs_m
     rows = (q_start + offs_m).to(tl.int64)
     io = rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptr + io, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = _dot_operand(tl.load(q_ptr + io, mask=m_mask[:, None] & d_mask[None, :], other=0.0), k_ptr)
     table = table_ptr + seq * stride_bt
     hi = tl.minimum(first_q + BLOCK_Q, seq_len)
     lo = 0
