@@ -30,7 +30,7 @@ from ember.ops.triton import gated_delta, gated_delta_prefill, gdn, gemm, pdl  #
 TARGET = GPUTarget("cuda", int(os.environ.get("SM_ARCH", "90")), 32)
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32",
-           torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8"}
+           torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
 # Qwen3.5 (Qwen3.5-9B / qwen3_5-default): 16 key and 32 value heads of 128, conv 4, chunk 64
 HK, HV, DK, DV, KERNEL, CHUNK = 16, 32, 128, 128, 4, 64
 
@@ -137,10 +137,11 @@ def gemv_prologues():
     pdl.launch_args = launch_args
 
 
-def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32, (128, 256, 512)))):
+def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32, (128, 256, 512))), pool_dtype=None):
     """The paged decode kernel (split at 1 sequence with and without a sliding window, unsplit at 64 and 256) and
     the prefill kernel, at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
-    bf16 and float32 pools, with the tiles decode_config and prefill_config pick on a GPU of 132 SMs."""
+    bf16 and float32 pools (or pool_dtype under a model of the case's dtype), with the tiles decode_config and
+    prefill_config pick on a GPU of 132 SMs."""
     from ember.ops.triton import attention
     from ember.worker.attn_metadata import AttentionMetadata
 
@@ -159,7 +160,7 @@ def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32,
                     block_tables=torch.arange(num_seqs * per_seq, dtype=torch.int32).view(num_seqs, per_seq),
                     max_query_len=q_len, max_seq_len=seq_len, query_start_loc_cpu=starts,
                     seq_lens_cpu=[seq_len] * num_seqs)
-                pool = torch.zeros(2, num_seqs * per_seq, block, kv_heads, d, dtype=dtype)
+                pool = torch.zeros(2, num_seqs * per_seq, block, kv_heads, d, dtype=pool_dtype or dtype)
                 q = torch.zeros(num_seqs * q_len, heads, d, dtype=dtype)
                 if q_len == 1:
                     cfg = attention.decode_config(num_seqs, kv_heads, cuda, d_pad, window)
@@ -178,6 +179,8 @@ OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
                                    qwen3_5_decode(256, torch.float32)),
        "gemv": gemv_prologues,
        "attention": attention_launches,
+       # a bf16 model over an fp8 pool (kv_cache_dtype fp8): its dots in fp16
+       "attention_fp8": lambda: attention_launches(((torch.bfloat16, (128, 512)),), torch.float8_e4m3fn),
        # what a smaller GPU refuses (SM_ARCH=89 SM_MAX_SHARED=101376: 99 KiB per block)
        "attention_wide": lambda: attention_launches(((torch.bfloat16, (512,)), (torch.float32, (256,))))}
 

@@ -68,6 +68,11 @@ def test_every_launch_fits_a_hopper_sm():
                                                     ("_prefill_kernel", None))}
     assert attention([r for r in records if r.get("rejected")]) == {("_decode_kernel", "512", "ieee", "True"),
                                                                     ("_prefill_kernel", "512", "ieee", None)}
+    # a bf16 model over an fp8 pool (fp16 dots): every launch fits as tuned
+    fp8 = {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"].get("IS_SPLIT"), bool(r.get("rejected")))
+           for r in records if r["op"] == "attention_fp8" and r["kernel"] != "_decode_merge_kernel"}
+    assert fp8 == {(k, d, split, False) for d in ("128", "512")
+                   for k, split in (("_decode_kernel", "True"), ("_decode_kernel", "False"), ("_prefill_kernel", None))}
 
 
 def test_scan_falls_back_to_a_shallower_pipeline():
