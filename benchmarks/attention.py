@@ -2,8 +2,8 @@
 
 A decode step at batch B and context C must read B * C * 2 * kv_heads * head_dim * 2 bytes of KV per layer; this
 times ember's Triton decode kernel (ember.ops.triton.attention) over those bytes and reports TB/s against the
-measured copy bandwidth (--kv-dtype fp8: an fp8 pool, half the bytes). Each timing replays a CUDA graph of 32 launches that cycle over separate KV pools (>= 1 GB
-in all), like the layers of a model, so KV comes from HBM and launch gaps are those of a captured step. Block
+measured copy bandwidth (--kv-dtype fp8: an fp8 pool, half the bytes). Each timing replays a CUDA graph of 32
+launches that cycle over separate KV pools (>= 1 GB in all), like the layers of a model, so KV comes from HBM and launch gaps are those of a captured step. Block
 tables are a random permutation of the pool, as after the scheduler has interleaved many sequences' allocations.
 
 Two memory layouts of the same pool are compared through strides: NHD ([block, slot, kv_head, dim], ember's) and
@@ -319,8 +319,8 @@ def main() -> None:
         attention._decode(case.q, case.pools[0], case.meta, case.out, case.scale, None, None)
         ref = case.reference()
         err = ((case.out.float() - ref.float()).norm() / ref.float().norm()).item()
-        row = dict(heads=args.heads, kv_dtype=args.kv_dtype, batch=batch, ctx=ctx, layout=layout, kv_mb=case.kv_bytes / 1e6, rel_err=err,
-                   default=default, us=case.time_us())
+        row = dict(heads=args.heads, kv_dtype=args.kv_dtype, batch=batch, ctx=ctx, layout=layout,
+                   kv_mb=case.kv_bytes / 1e6, rel_err=err, default=default, us=case.time_us())
         if layout == "NHD" and case.heads[2] <= 128:  # (the fused kernel's prologue: Qwen3's q/k norm layout)
             row["sdpa_us"] = case.sdpa_us()
             row["fused_us"], row["unfused_us"] = case.layer_us(True), case.layer_us(False)

@@ -40,7 +40,8 @@ def model_summary(model_dir: str, dtype: str = "auto", ssm_state_dtype: str = "f
     return {
         "model": model_dir, "model_type": cfg.model_type, "architecture": cls.__name__,
         "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(cfg.dtype).removeprefix("torch."),
-        "kv_cache_dtype": str(kv_dtype).removeprefix("torch."), "num_layers": len(specs), "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
+        "kv_cache_dtype": str(kv_dtype).removeprefix("torch."), "num_layers": len(specs),
+        "layer_kinds": dict(kinds), "max_model_len": cfg.max_model_len,
         "vocab_size": cfg.hf_config.get("vocab_size"),
         # what grows with the context: full-attention layers; sliding layers stop at their window
         "kv_bytes_per_token": sum(g.bytes_per_token(specs, kv_dtype) for g in groups if g.window is None),
