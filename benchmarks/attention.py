@@ -3,8 +3,9 @@
 A decode step at batch B and context C must read B * C * 2 * kv_heads * head_dim * 2 bytes of KV per layer; this
 times ember's Triton decode kernel (ember.ops.triton.attention) over those bytes and reports TB/s against the
 measured copy bandwidth (--kv-dtype fp8: an fp8 pool, half the bytes). Each timing replays a CUDA graph of 32
-launches that cycle over separate KV pools (>= 1 GB in all), like the layers of a model, so KV comes from HBM and launch gaps are those of a captured step. Block
-tables are a random permutation of the pool, as after the scheduler has interleaved many sequences' allocations.
+launches that cycle over separate KV pools (>= 1 GB in all), like the layers of a model, so KV comes from HBM and
+launch gaps are those of a captured step. Block tables are a random permutation of the pool, as after the
+scheduler has interleaved many sequences' allocations.
 
 Two memory layouts of the same pool are compared through strides: NHD ([block, slot, kv_head, dim], ember's) and
 HND ([block, kv_head, slot, dim]: one head's tokens of a block contiguous). The peer is SDPA (flash backend) on
