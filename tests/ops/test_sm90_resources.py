@@ -96,6 +96,9 @@ def test_attention_steps_down_to_a_smaller_gpu():
     launched = [r for r in records if not r.get("rejected") and r["kernel"] != "_decode_merge_kernel"]
     assert rejected == {("_prefill_kernel", "512", "tf32"), ("_prefill_kernel", "256", "ieee"),
                         ("_decode_kernel", "256", "ieee")}
+    refusals = [json.dumps([r["kernel"], r["constexprs"], r["options"]], sort_keys=True) for r in records
+                if r.get("rejected")]
+    assert len(refusals) == len(set(refusals)), "a refused tile was tried again"
     assert all(r["shared"] <= 101376 for r in launched)
     assert {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"]["PRECISION"]) for r in launched} == \
         {(k, d, p) for k in ("_decode_kernel", "_prefill_kernel") for d, p in (("512", "tf32"), ("256", "ieee"))}

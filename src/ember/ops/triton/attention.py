@@ -407,17 +407,16 @@ def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
     1), then (prefill) half the queries of a tile (down to 16 rows). CUDA graphs capture after an eager warm-up, so
     a graphed launch finds its tile here. The tile that fit is kept for the same launch; until a GPU has refused
     one, launches take their tile without that lookup."""
+    refused = None
     if not _fitted:
         try:
             return launch(cfg)
-        except OutOfResources:
-            pass
+        except OutOfResources as e:
+            refused = e
     key = key + tuple(sorted(cfg.items()))
     cfg = dict(_fitted.get(key, cfg))
     while True:
-        try:
-            launch(cfg)
-        except OutOfResources:
+        if refused is not None:  # the next smaller tile
             if cfg["BLOCK_N"] > 16:
                 cfg["BLOCK_N"] //= 2
             elif cfg.get("num_stages", 1) > 1:
@@ -425,7 +424,11 @@ def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
             elif cfg.get("BLOCK_Q", 0) * cfg.get("PACK", 1) > 16:
                 cfg["BLOCK_Q"] //= 2
             else:
-                raise
+                raise refused
+        try:
+            launch(cfg)
+        except OutOfResources as e:
+            refused = e
             continue
         _fitted[key] = cfg
         return
