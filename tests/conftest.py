@@ -49,6 +49,14 @@ def hybrid_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def bf16_models(tmp_path_factory):
+    """The bf16 configs of tests/parity/hybrid_models.py at real-model weight scales, built once per session."""
+    from tests.parity.hybrid_models import build_bf16_model
+
+    return model_builder_cache(tmp_path_factory, build_bf16_model)
+
+
+@pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     """The tiny demo model (Qwen3 shape, with the demo tokenizer), written to a temp dir."""
     from ember.demo import make_demo_model

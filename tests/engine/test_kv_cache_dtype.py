@@ -20,18 +20,8 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from ember.demo import make_demo_model
-
-    return str(make_demo_model(tmp_path_factory.mktemp("demo"), "tiny"))
-
-
-@pytest.fixture(scope="module")
-def bf16_models(tmp_path_factory):
-    from tests.conftest import model_builder_cache
-    from tests.parity.hybrid_models import build_bf16_model
-
-    return model_builder_cache(tmp_path_factory, build_bf16_model)
+def demo(demo_dir):
+    return str(demo_dir)
 
 
 @pytest.mark.parametrize("dtype,ratio", [("bfloat16", 2), ("float32", 4)])

@@ -6,15 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ember import LLM
-from tests.parity.hybrid_models import build_bf16_model
 from tests.parity.teacher_forced import teacher_forced
-
-
-@pytest.fixture(scope="module")
-def bf16_models(tmp_path_factory):
-    from tests.conftest import model_builder_cache
-
-    return model_builder_cache(tmp_path_factory, build_bf16_model)
 
 
 @pytest.mark.parametrize("name,state_dtype", [("qwen3_5", "float32"), ("qwen3_5", "bfloat16"), ("gemma4", "float32")])
