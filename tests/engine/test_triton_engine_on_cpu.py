@@ -23,17 +23,22 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, te
 PROMPT_LENS = (5, 9, 30, 3, 17, 12)
 
 
-def _generate(model_dir, warm_up: bool = False, kv_cache_dtype: str = "auto") -> tuple[list, list]:
+def _generate(model_dir, warm_up: bool = False, kv_cache_dtype: str = "auto", plain: bool = True,
+              graph_buffers: bool = False) -> tuple[list, list]:
     """(token ids of plain greedy, which samples by argmax alone; (token ids, logprobs) of greedy with logprobs).
-    warm_up: first run the runner's start-up warm-up (CUDA runs it by itself), which must leave no trace."""
+    warm_up: first run the runner's start-up warm-up (CUDA runs it by itself), which must leave no trace.
+    plain=False: no plain run (an empty list for it). graph_buffers: every step that fits the graph runner's
+    static buffers (not captured) runs through them."""
     llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False, max_num_batched_tokens=32,
               max_num_seqs=8, kv_cache_dtype=kv_cache_dtype)
     if warm_up:
         llm.engine.runner.warm_up()
+    if graph_buffers:
+        llm.engine.runner.graphs = llm.engine.runner.make_graph_runner(8, use_graphs=False)
     prompts = [torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in PROMPT_LENS]
-    plain = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    greedy = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)) if plain else []
     scored = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
-    return ([o.outputs[0].token_ids for o in plain],
+    return ([o.outputs[0].token_ids for o in greedy],
             [(o.outputs[0].token_ids, [row[t].logprob for row, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
              for o in scored])
 
@@ -108,3 +113,23 @@ def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
     assert calls and min(calls) >= 2
     for a, b in zip(ours, ref):
         assert_greedy_agrees(a, b, tol=0.1)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma4"])
+def test_mixed_step_graph_metadata_on_triton_kernels(name, hf_models, hybrid_models, monkeypatch):
+    """Mixed steps through the graph runner's static buffers with the metadata a captured graph has: host lists
+    that give only the grid's shape (t queries in every sequence slot), so the kernels see nothing but the device
+    tensors: the step's sequences, the padding sequence over the rows up to t, and empty slots after it. Decode
+    steps through the static buffers too. The reference ops' tokens and logprobs."""
+    from ember.worker.cuda_graph import CudaGraphRunner
+
+    model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
+    _, ref = _generate(model_dir, plain=False)
+    monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
+    mixed_meta, steps = CudaGraphRunner._mixed_meta, []
+    monkeypatch.setattr(CudaGraphRunner, "_mixed_meta", lambda self, t, host=None: steps.append(t) or mixed_meta(self, t))
+    _, scored = _generate(model_dir, plain=False, graph_buffers=True)
+    assert steps and set(steps) <= {16, 32}
+    assert [t for t, _ in scored] == [t for t, _ in ref]
+    for (_, a), (_, b) in zip(scored, ref):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3

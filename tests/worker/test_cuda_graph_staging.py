@@ -1,7 +1,9 @@
-"""What a captured decode graph reads, checked without CUDA: CudaGraphRunner(use_graphs=False) stages each decode
-step into its static buffers (every KV group's slot mapping and block table, the state slots, padding rows) and
-runs the forward on them. Hybrid models must generate exactly the eager path's greedy tokens: batch 3 padded to 4,
-decodes crossing block boundaries (decode snapshots), then a follow-up turn resuming from the cached prefix."""
+"""What a captured graph reads, checked without CUDA: CudaGraphRunner(use_graphs=False) stages each decode step
+into its static buffers (every KV group's slot mapping and block table, the state slots, padding rows) and runs
+the forward on them. Hybrid models must generate exactly the eager path's greedy tokens: batch 3 padded to 4,
+decodes crossing block boundaries (decode snapshots), then a follow-up turn resuming from the cached prefix.
+Mixed steps (prompt chunks with decodes among them) go through the same buffers padded to a captured token count,
+with a padding sequence and empty sequence slots, for models without recurrent state."""
 from __future__ import annotations
 
 import os
@@ -58,6 +60,17 @@ def with_static_buffers(llm: LLM) -> list[int]:
     return count_graph_steps(runner.graphs)
 
 
+def with_static_mixed_buffers(llm: LLM, token_sizes=(16, 32, 64)) -> list[tuple[int, int]]:
+    """Routes decode and mixed steps through a non-captured graph runner (mixed steps padded to token_sizes);
+    returns (sequences, tokens) of every mixed step it ran."""
+    runner = llm.engine.runner
+    runner.graphs = graphs = runner.make_graph_runner(4, use_graphs=False, token_sizes=token_sizes)
+    steps: list[tuple[int, int]] = []
+    run = graphs.run_mixed
+    graphs.run_mixed = lambda seqs: steps.append((len(seqs), sum(len(s.token_ids) for s in seqs))) or run(seqs)
+    return steps
+
+
 def assert_same_states(ours: LLM, ref: LLM) -> None:
     """Every slot of the pool, working and snapshot, holds the same state: padding rows wrote only the scratch
     slot past the pool's ids, and decode snapshots were copied (a padded batch's GEMMs round differently)."""
@@ -101,3 +114,30 @@ def test_static_buffer_decode_with_triton_op(hybrid_models, monkeypatch):
     assert_same(tokens_and_logprobs(ours), tokens_and_logprobs(ref))
     assert 3 in sizes
     assert_same_states(staged, eager)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma4"])
+def test_static_buffer_mixed_steps_equal_eager(name, hf_models, hybrid_models):
+    """Prompts chunked by a 48-token budget (decodes join the later chunks' steps), a long prompt alone (its first
+    chunk samples nothing), then all of them again (cached prefixes: chunks that start mid-sequence): every step
+    runs padded through the static buffers, with the eager path's tokens."""
+    model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
+    prompts = [prompt(n, seed) for seed, n in enumerate((29, 45, 14, 70))]
+
+    def run(llm: LLM) -> list:
+        outs = llm.generate(prompts[:3], GREEDY) + llm.generate(prompts[3:], GREEDY)
+        return tokens_and_logprobs(outs + llm.generate(prompts, GREEDY))
+
+    eager = make_llm(model_dir, max_num_batched_tokens=48)
+    staged = make_llm(model_dir, max_num_batched_tokens=48)
+    assert staged.engine.runner.make_graph_runner(4, use_graphs=False).token_sizes == [16, 32, 48]
+    steps = with_static_mixed_buffers(staged, (16, 32, 48))
+    assert_same(run(staged), run(eager))
+    assert any(n > 1 for n, _ in steps) and any(t == 48 for _, t in steps) and any(t % 16 for _, t in steps)
+    assert (1, 48) in steps  # the first chunk of the 70-token prompt alone: nothing sampled
+
+
+def test_stateful_models_run_mixed_steps_eagerly(hybrid_models):
+    model_dir, _ = hybrid_models("qwen3_5")
+    runner = make_llm(model_dir).engine.runner
+    assert runner.make_graph_runner(4, use_graphs=False).token_sizes == []

@@ -1,27 +1,46 @@
-"""CUDA graphs of decode steps: the model forward and the logits of B sequences with one query token each,
-captured once per padded batch size, replayed with new inputs copied into static buffers.
+"""CUDA graphs of decode and mixed steps: the model forward and the logits of its sampled rows, captured once per
+padded size, replayed with new inputs copied into static buffers.
 
-A decode step launches ~10 kernels per layer; eagerly the host cannot issue them as fast as the GPU runs them,
-replayed from a graph it issues them all at once. Padding rows (batch n padded to the captured size b) write
-their KV into slot 0 of block 0 of every KV group's pool (the reserved scratch block) and their recurrent state
-into the state cache's scratch slot, reading zeros; their logits are dropped. The attention kernels read sequence
-lengths and block tables on the device, the recurrent layers their state slots, so one graph serves any step.
-Hybrid models get static buffers for each extra KV group's slot mapping and block table and for the state slots.
+A step launches ~10 kernels per layer; eagerly the host cannot issue them as fast as the GPU runs them (on an H100
+a 128-token prompt of qwen3-0.6b took 16 ms of launches for 1.3 ms of kernels), replayed from a graph it issues
+them all at once.
+
+Decode steps (one query token per sequence) are captured per batch size b. Padding rows (batch n padded to b)
+write their KV into slot 0 of block 0 of every KV group's pool (the reserved scratch block) and their recurrent
+state into the state cache's scratch slot, reading zeros; their logits are dropped.
+
+Mixed steps (prompt chunks, with or without decodes) of up to t tokens are captured per token count t, with
+min(t, max_num_seqs) sequence slots and one more for the padding. The step's sequences come first; the padding
+sequence owns the rows from the step's last token to t (token 0 at position 0, KV into the scratch slot, keys read
+from the scratch block) and the remaining slots hold no queries, so their attention programs return at once.
+The prefill kernel reads query starts, sequence lengths and block tables on the device, and its grid is that of
+t queries in each slot; the host lists of a captured step's metadata describe only that shape (no leading
+one-token sequences to split off, no sequence long enough for flash attention: every t stays below
+FLASH_PREFILL_MIN_QUERY). Models with recurrent state run mixed steps eagerly (their chunked scans are planned on
+the host).
+
+The attention kernels read sequence lengths and block tables on the device, the recurrent layers their state
+slots, so one graph serves any step of its size. Hybrid models get static buffers for each extra KV group's slot
+mapping and block table and for the state slots.
 """
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import replace
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from ember.engine.scheduler import ScheduledSeq
-from ember.worker.attn_metadata import AttentionMetadata
+from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_positions, token_slots
 from ember.worker.state_cache import StateMetadata
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# token counts of the captured mixed steps (below the flash-attention threshold, within the token budget)
+GRAPH_TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024)
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
@@ -34,11 +53,13 @@ def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.
 class CudaGraphRunner:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, num_kv_groups: int = 1, state_scratch_slot: int | None = None,
-                 use_graphs: bool = True, fill_placeholders: FillPlaceholders | None = None) -> None:
+                 use_graphs: bool = True, fill_placeholders: FillPlaceholders | None = None,
+                 token_sizes: Sequence[int] = ()) -> None:
         """state_scratch_slot: the slot padding rows write their recurrent state into (models with state slots).
         use_graphs=False keeps the static buffers and staging but no pinned memory, events or capture: run() calls
         the forward on the static buffers (the CPU test of what a graph would read). fill_placeholders: called on
-        the static input ids once the staged ones are copied in, before the replay (the model runner's)."""
+        the static input ids once the staged ones are copied in, before the replay (the model runner's).
+        token_sizes: the token counts of mixed-step graphs (none for models with state slots)."""
         self.model = model
         self.fill_placeholders = fill_placeholders
         self.block_size = block_size
@@ -48,26 +69,38 @@ class CudaGraphRunner:
         self.batch_sizes = [b for b in GRAPH_BATCH_SIZES if b < max_num_seqs] + [max_num_seqs]
         b, nb, groups = self.batch_sizes[-1], max_blocks_per_seq, num_kv_groups
         self.max_blocks = nb
+        assert not (token_sizes and state_scratch_slot is not None), "mixed steps of stateful models run eagerly"
+        self.token_sizes = sorted(token_sizes)
+        # a mixed graph's sequence slots, the padding sequence's not counted
+        self.mixed_seqs = {t: min(t, max_num_seqs) for t in self.token_sizes}
+        tokens = max([b, *self.token_sizes])
+        rows = max([b, *(s + 1 for s in self.mixed_seqs.values())])
         # static device inputs, read by every captured graph; one slot mapping and block table per KV group
-        self.input_ids = torch.zeros(b, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(b, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.zeros(groups, b, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(b, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(groups, b, nb, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=device)
-        self._table_stage = torch.zeros(groups, b * nb, dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.zeros(groups, tokens, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(groups, rows, nb, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=device)  # decode: one query each
+        self.mixed_query_start_loc = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+        self.sample_rows = torch.zeros(max(self.mixed_seqs.values(), default=1), dtype=torch.int64, device=device)
+        self._table_stage = torch.zeros(groups, rows * nb, dtype=torch.int32, device=device)
         # recurrent-state slots: until the first step, every row reads zeros and writes the scratch slot
         self.has_state = state_scratch_slot is not None
         self.read_slots = torch.full((b,), -1, dtype=torch.int64, device=device)
         self.write_slots = torch.full((b,), state_scratch_slot or 0, dtype=torch.int64, device=device)
         # host staging (pinned for graphs), reused every step once the previous step's copies have left it
-        self._h_i64 = _host((2 + groups + 2, b), torch.int64, use_graphs)  # ids, positions, slots/group, read, write
-        self._h_seq_lens = _host((b,), torch.int32, use_graphs)
-        self._h_table = _host((groups, b * nb), torch.int32, use_graphs)  # a region per group: stale ids stay valid
+        self._h_i64 = _host((2 + groups + 2, tokens), torch.int64, use_graphs)  # ids, positions, slots/group, states
+        self._h_seq_lens = _host((rows,), torch.int32, use_graphs)
+        self._h_table = _host((groups, rows * nb), torch.int32, use_graphs)  # a region per group: stale ids stay valid
+        self._h_query_start = _host((rows + 1,), torch.int32, use_graphs)
+        self._h_sample_rows = _host((self.sample_rows.shape[0],), torch.int64, use_graphs)
         # the last step's copies out of the pinned staging buffers
         self._staged = torch.cuda.Event() if use_graphs else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.mixed_logits: dict[int, torch.Tensor] = {}
 
     def _meta(self, b: int, max_seq_len: int = 0) -> AttentionMetadata:
         # decode-only layers read device tensors only; the host lists describe the padded batch's shape
@@ -83,27 +116,52 @@ class CudaGraphRunner:
                                     for g in range(1, self.num_kv_groups)]
         return meta
 
+    def _mixed_meta(self, t: int, host: tuple[list[int], list[int]] | None = None) -> AttentionMetadata:
+        """A mixed graph's metadata over its sequence slots and the padding sequence. host: the step's query starts
+        and sequence lengths (use_graphs=False: the reference ops loop over them); captured, the lists only give
+        the grid's shape: every slot with t queries, so nothing is split off or sent to flash attention."""
+        s = self.mixed_seqs[t] + 1
+        qsl_cpu, lens_cpu = host if host is not None else ([0] + [t] * s, [t] * s)
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping[0, :t], query_start_loc=self.mixed_query_start_loc[: s + 1],
+            seq_lens=self.seq_lens[:s], block_tables=self.block_tables[0, :s],
+            max_query_len=t if host is None else max(b - a for a, b in itertools.pairwise(qsl_cpu)),
+            max_seq_len=max(lens_cpu), query_start_loc_cpu=qsl_cpu, seq_lens_cpu=lens_cpu,
+        )
+        if self.num_kv_groups > 1:
+            meta.groups = [meta] + [replace(meta, slot_mapping=self.slot_mapping[g, :t],
+                                            block_tables=self.block_tables[g, :s], groups=None, derived={})
+                                    for g in range(1, self.num_kv_groups)]
+        return meta
+
     def _forward(self, b: int, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.model(self.input_ids[:b], self.positions[:b], meta)
         return self.model.compute_logits(hidden)  # model dtype: greedy argmax needs no float32 copy
+
+    def _forward_mixed(self, t: int, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.model(self.input_ids[:t], self.positions[:t], meta)
+        return self.model.compute_logits(hidden[self.sample_rows[: self.mixed_seqs[t]]])
 
     @torch.inference_mode()
     def capture(self) -> None:
         assert self.use_graphs, "a runner built with use_graphs=False calls the forward eagerly"
         pool = None
-        for b in reversed(self.batch_sizes):  # largest first: smaller graphs reuse its memory pool
-            meta = self._meta(b)
+        steps = [(b, False) for b in self.batch_sizes] + [(t, True) for t in self.token_sizes]
+        for size, mixed in sorted(steps, reverse=True):  # most tokens first: smaller graphs reuse its memory pool
+            meta = self._mixed_meta(size) if mixed else self._meta(size)
+            forward = self._forward_mixed if mixed else self._forward
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):  # warm-up: compiles kernels, picks cuBLAS algorithms, builds tables
-                self._forward(b, meta)
+                forward(size, meta)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = self._forward(b, meta)
+                logits = forward(size, meta)
             pool = graph.pool()
-            self.graphs[b] = graph
+            (self.mixed_graphs if mixed else self.graphs)[size] = graph
+            (self.mixed_logits if mixed else self.logits)[size] = logits
         torch.cuda.synchronize()
 
     def padded_size(self, num_seqs: int) -> int | None:
@@ -122,6 +180,25 @@ class CudaGraphRunner:
             if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
                 return False
             if self.has_state and s.state is None:
+                return False
+        return True
+
+    def token_size(self, num_tokens: int) -> int | None:
+        i = bisect.bisect_left(self.token_sizes, num_tokens)
+        return self.token_sizes[i] if i < len(self.token_sizes) else None
+
+    def can_run_mixed(self, seqs: list[ScheduledSeq]) -> bool:
+        """Steps of up to the largest captured token count (prompt chunks, decodes among them); prompt logprobs
+        need every row's hidden state, so those run eagerly."""
+        t = self.token_size(sum(len(s.token_ids) for s in seqs))
+        if t is None or len(seqs) > self.mixed_seqs[t]:
+            return False
+        for s in seqs:
+            if len(s.block_ids) > self.max_blocks:
+                return False
+            if s.params.prompt_logprobs is not None and s.start_pos < len(s.prompt_token_ids) - 1:
+                return False
+            if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
                 return False
         return True
 
@@ -152,6 +229,78 @@ class CudaGraphRunner:
                 table[i, : len(blocks)] = blocks
             table[n:b, 0] = 0
         return cols
+
+    def _stage_mixed(self, seqs: list[ScheduledSeq], t: int) -> tuple[int, int, list[int], list[int]]:
+        """Writes a mixed step's inputs into the host staging buffers: its tokens, then the padding sequence's rows
+        up to t (token 0 at position 0, KV into scratch slot 0), the block tables (the padding sequence's row:
+        the scratch block), lengths, query starts (empty slots after the padding sequence) and the rows to sample.
+        Returns the block tables' width, how many rows are sampled, and the host query starts and lengths."""
+        n, bs, groups = len(seqs), self.block_size, self.num_kv_groups
+        lens = [len(s.token_ids) for s in seqs]
+        start_pos = [s.start_pos for s in seqs]
+        num_tokens = sum(lens)
+        token_seq, positions = step_positions(start_pos, lens)
+        h = self._h_i64.numpy()
+        h[0, :num_tokens] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64,
+                                        count=num_tokens)
+        h[1, :num_tokens] = positions
+        h[: 2 + groups, num_tokens:t] = 0
+        tables = [[s.block_ids for s in seqs]] + [[s.group_block_ids[g - 1] for s in seqs] for g in range(1, groups)]
+        pad = t - num_tokens
+        cols = max(max(len(blocks) for ids in tables for blocks in ids), -(-pad // bs))
+        for g, ids in enumerate(tables):
+            table = padded_tables(ids, cols)
+            h[2 + g, :num_tokens] = token_slots(table, token_seq, positions, bs)
+            staged = self._h_table[g].numpy()[: (n + 1) * cols].reshape(n + 1, cols)
+            staged[:n] = table
+            staged[n] = 0
+        seq_lens = [p + k for p, k in zip(start_pos, lens)] + [pad]
+        rows = self.mixed_seqs[t] + 1
+        lens_h = self._h_seq_lens.numpy()
+        lens_h[: n + 1] = seq_lens
+        lens_h[n + 1: rows] = 0
+        qsl = [0, *itertools.accumulate(lens), t]
+        qsl_h = self._h_query_start.numpy()
+        qsl_h[: n + 2] = qsl
+        qsl_h[n + 2: rows + 1] = t
+        sample = [end - 1 for s, end in zip(seqs, qsl[1:]) if s.do_sample]
+        sample_h = self._h_sample_rows.numpy()
+        sample_h[: len(sample)] = sample
+        sample_h[len(sample): self.mixed_seqs[t]] = 0
+        if pad == 0:  # the padding sequence is empty: the host lists leave it out
+            qsl, seq_lens = qsl[:-1], seq_lens[:-1]
+        return cols, len(sample), qsl, seq_lens
+
+    def run_mixed(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
+        """A mixed step (can_run_mixed) through the graph of its padded token count: copies the inputs into the
+        static buffers and replays; returns the logits of its sampled sequences, in order, in the model dtype (a
+        view of the graph's output, valid until the next replay)."""
+        n, groups = len(seqs), self.num_kv_groups
+        t = self.token_size(sum(len(s.token_ids) for s in seqs))
+        rows = n + 1
+        if self._staged is not None:
+            self._staged.synchronize()
+        cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t)
+        is_async = self.use_graphs
+        self.input_ids[:t].copy_(self._h_i64[0, :t], non_blocking=is_async)
+        if self.fill_placeholders is not None:  # after the copy above, in stream order
+            self.fill_placeholders(self.input_ids, seqs, qsl[1: n + 1])
+        self.positions[:t].copy_(self._h_i64[1, :t], non_blocking=is_async)
+        s = self.mixed_seqs[t] + 1
+        self.seq_lens[:s].copy_(self._h_seq_lens[:s], non_blocking=is_async)
+        self.mixed_query_start_loc[: s + 1].copy_(self._h_query_start[: s + 1], non_blocking=is_async)
+        self.sample_rows[: s - 1].copy_(self._h_sample_rows[: s - 1], non_blocking=is_async)
+        for g in range(groups):
+            self.slot_mapping[g, :t].copy_(self._h_i64[2 + g, :t], non_blocking=is_async)
+            self._table_stage[g, : rows * cols].copy_(self._h_table[g, : rows * cols], non_blocking=is_async)
+        if self._staged is not None:
+            self._staged.record()
+        for g in range(groups):
+            self.block_tables[g, :rows, :cols].copy_(self._table_stage[g, : rows * cols].view(rows, cols))
+        if not self.use_graphs:
+            return self._forward_mixed(t, self._mixed_meta(t, (qsl, seq_lens)))[:num_sample]
+        self.mixed_graphs[t].replay()
+        return self.mixed_logits[t][:num_sample]
 
     def run(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """Copies the step's inputs into the static buffers and replays; returns logits [n, V] in the model dtype

@@ -26,9 +26,9 @@ from ember.sample.metadata import SamplingMetadata, SamplingRow
 from ember.sample.sampler import LogprobsTensors, Sampler, compute_logprobs
 from ember.parallel import get_tp
 from ember.weights.loader import load_model
-from ember.worker.attn_metadata import AttentionMetadata
+from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_positions, token_slots
 from ember.worker.state_cache import StateCache, StateMetadata
-from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, CudaGraphRunner
+from ember.worker.cuda_graph import GRAPH_BATCH_SIZES, GRAPH_TOKEN_SIZES, CudaGraphRunner
 
 CPU_DEFAULT_KV_GB = 1.0
 # a default max_num_seqs is halved, down to FIT_MIN_SEQS, while the caches every sequence holds whatever its length
@@ -143,27 +143,6 @@ def activation_reserve(hf: dict, num_tokens: int, dtype_bytes: int) -> int:
     return max(CUDA_ACTIVATION_RESERVE, int(1.5 * per_token * num_tokens))
 
 
-def _step_positions(start_pos: list[int], lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(sequence index, position) of each of a step's tokens, int64: sequence i's lens[i] tokens from position
-    start_pos[i]. Vectorized with _slots: a 32k-token prefill step's per-sequence ranges and per-block slot lists
-    were ~4 ms of host time before its launch."""
-    lens_np = np.array(lens, dtype=np.int64)
-    offset = np.array(start_pos, dtype=np.int64) - (np.cumsum(lens_np) - lens_np)  # position minus row, per sequence
-    pos = np.arange(int(lens_np.sum()), dtype=np.int64) + np.repeat(offset, lens_np)
-    return np.repeat(np.arange(len(lens)), lens_np), pos
-
-
-def _slots(tables: np.ndarray, seq: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
-    """Pool slots of tokens (seq, pos), their blocks looked up in row seq of tables [S, W]: int64."""
-    return tables[seq, pos // block_size].astype(np.int64) * block_size + pos % block_size
-
-
-def _padded_tables(block_ids: list[list[int]], width: int) -> np.ndarray:
-    """Each sequence's first `width` block ids, zero-padded: [S, width] int32."""
-    rows = (ids[:width] + [0] * (width - len(ids[:width])) for ids in block_ids)
-    return np.fromiter(itertools.chain.from_iterable(rows), np.int32, count=len(block_ids) * width).reshape(-1, width)
-
-
 def _device_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list or numpy array on `device`; on CUDA through pinned memory and a non-blocking copy (no host sync).
     A flat list of ints goes through array.array, ~4x faster than torch.tensor's per-element conversion."""
@@ -250,6 +229,7 @@ class ModelRunner:
         - a mixed step: one-token sequences (the decode kernel from ops MIXED_DECODE_MIN_SEQS of them on), a short
           prompt (the prefill kernel's small tiles) and the argmax over their rows;
         - a prompt chunk over 512 tokens (the wide tiles), when the token budget and context length allow one.
+        Both run eagerly, as steps too large for the mixed-step graphs do.
         Every token writes its KV into the reserved scratch block 0 and its recurrent state into the scratch slot;
         the sampled ids are dropped, so the pool, the state slots and the next step's inputs are as before."""
         from ember.sampling_params import SamplingParams
@@ -271,16 +251,33 @@ class ModelRunner:
         steps = [[seq(i, 1, 31) for i in range(num_decodes)] + [prompt]]
         if min(budget, max_len - 1) > 512:
             steps.append([seq(0, min(budget, max_len - 1, 640), 0)])
-        for seqs in steps:  # result() waits for the step's sampled ids, the last of its device work
-            self.launch(SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs), [])).result()
+        for seqs in steps:  # eager (graphs would take these); result() waits for the step's sampled ids
+            self._launch_eager(SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs), [])).result()
         self._last_token_ids, self._last_req_ids = None, []
 
-    def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True) -> CudaGraphRunner:
-        """Static decode buffers for this model's KV groups and state slots (use_graphs=False: no capture)."""
+    def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True,
+                          token_sizes: tuple[int, ...] | None = None) -> CudaGraphRunner:
+        """Static buffers for this model's KV groups and state slots (use_graphs=False: no capture); decode steps
+        up to max_num_seqs sequences, mixed steps of token_sizes tokens (default: mixed_token_sizes)."""
         max_blocks = -(-self.model_cfg.max_model_len // self.block_size)
         scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
         return CudaGraphRunner(self.model, max_num_seqs, max_blocks, self.block_size, self.device,
-                               max(1, len(self.kv_groups)), scratch, use_graphs, self._fill_placeholders)
+                               max(1, len(self.kv_groups)), scratch, use_graphs, self._fill_placeholders,
+                               self.mixed_token_sizes(max_blocks) if token_sizes is None else token_sizes)
+
+    def mixed_token_sizes(self, max_blocks: int) -> tuple[int, ...]:
+        """Token counts of the mixed-step graphs: GRAPH_TOKEN_SIZES within the token budget and the block tables'
+        width, below the length from which a sequence's prefill goes to flash attention (a captured step cannot
+        route by length), the last one raised to that limit. None for models with recurrent state, whose chunked
+        scans are planned on the host, or with EMBER_MIXED_GRAPHS=0."""
+        if self.state_cache.layers or os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
+            return ()
+        limit = min(self.cache_cfg.max_num_batched_tokens, max_blocks * self.block_size, GRAPH_TOKEN_SIZES[-1])
+        if ops.triton_enabled():
+            from ember.ops.triton.attention import FLASH_PREFILL_MIN_QUERY
+            if FLASH_PREFILL_MIN_QUERY > 0:
+                limit = min(limit, FLASH_PREFILL_MIN_QUERY - 1)
+        return tuple(t for t in GRAPH_TOKEN_SIZES if t < limit) + ((limit,) if limit >= GRAPH_TOKEN_SIZES[0] else ())
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -404,9 +401,9 @@ class ModelRunner:
         sample_idx = [end - 1 for seq, end in zip(seqs, starts[1:]) if seq.do_sample]
         sample_seqs = [seq for seq in seqs if seq.do_sample]
         max_blocks = max(-(-s // bs) for s in seq_lens)
-        tables = _padded_tables([seq.block_ids for seq in seqs], max_blocks)
-        token_seq, positions = _step_positions(start_pos, lens)
-        slots = _slots(tables, token_seq, positions, bs)
+        tables = padded_tables([seq.block_ids for seq in seqs], max_blocks)
+        token_seq, positions = step_positions(start_pos, lens)
+        slots = token_slots(tables, token_seq, positions, bs)
         input_ids = np.fromiter(itertools.chain.from_iterable(seq.token_ids for seq in seqs), np.int64, count=starts[-1])
         dev = self.device
 
@@ -429,9 +426,9 @@ class ModelRunner:
     def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t, width: int,
                     token_seq: np.ndarray, positions: np.ndarray) -> AttentionMetadata:
         """The step's metadata with KV group `group`'s slots and block tables (width blocks; the step's tokens as
-        _step_positions gives them)."""
-        tables = _padded_tables([seq.group_block_ids[group - 1] for seq in out.seqs], width)
-        slots = _slots(tables, token_seq, positions, self.block_size)
+        step_positions gives them)."""
+        tables = padded_tables([seq.group_block_ids[group - 1] for seq in out.seqs], width)
+        slots = token_slots(tables, token_seq, positions, self.block_size)
         return replace(meta, slot_mapping=t(slots, torch.int64), block_tables=t(tables, torch.int32), groups=None, derived={})
 
     def _fill_placeholders(self, input_ids: torch.Tensor, seqs: list[ScheduledSeq], ends) -> None:
@@ -464,6 +461,17 @@ class ModelRunner:
             logits = self.graphs.run(out.seqs)
             self._copy_decode_snapshots(out.seqs)
             return self._sample(logits, out.seqs, StepHandle(out.seqs))
+        if self.graphs is not None and self.graphs.can_run_mixed(out.seqs):
+            handle = StepHandle([seq for seq in out.seqs if seq.do_sample])
+            logits = self.graphs.run_mixed(out.seqs)
+            if not handle.sample_seqs:
+                self._last_token_ids, self._last_req_ids = None, []
+                return handle
+            return self._sample(logits, handle.sample_seqs, handle)
+        return self._launch_eager(out)
+
+    @torch.inference_mode()
+    def _launch_eager(self, out: SchedulerOutput) -> StepHandle:
         inputs = self._prepare(out)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         if inputs.meta.is_decode_only:  # prefill chunks took their snapshots inside the layers
