@@ -133,6 +133,33 @@ def test_graph_logits_match_eager_logits(hf_models):
     assert ((graph - eager).norm() / eager.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("name", ["qwen3", "gemma4"])
+def test_mixed_step_graphs_match_eager_steps(name, hf_models, hybrid_models, monkeypatch):
+    """Prompt chunks and the decodes among them through captured mixed-step graphs (padded to a token count, a
+    padding sequence, empty slots): float32, the tokens and logprobs of the same engine with mixed steps eager.
+    Chunked by a 96-token budget, then again with prefix-cache hits (chunks that start mid-sequence)."""
+    model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (3, 150, 17, 41, 9, 64)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
+    outs, mixed = {}, []
+    for graphs in ("0", "1"):
+        monkeypatch.setenv("EMBER_MIXED_GRAPHS", graphs)
+        gpu = LLM(str(model_dir), dtype="float32", device="cuda", progress=False, kv_cache_gb=1,
+                  max_num_batched_tokens=96)
+        runner = gpu.engine.runner
+        assert runner.graphs.token_sizes == ([] if graphs == "0" else [16, 32, 64, 96])
+        run = runner.graphs.run_mixed
+        runner.graphs.run_mixed = lambda seqs: mixed.append(len(seqs)) or run(seqs)
+        outs[graphs] = [o.outputs[0] for _ in range(2) for o in gpu.generate(prompts, params)]
+        del gpu
+    assert len(mixed) >= 4 and max(mixed) > 1
+    for a, b in zip(outs["1"], outs["0"]):
+        assert a.token_ids == b.token_ids
+        lp = [max(abs(x[t].logprob - y[t].logprob) for t in x) for x, y in zip(a.logprobs, b.logprobs)]
+        assert max(lp) < 1e-3
+
+
 def test_pdl_graphs_match_serial_launches(hf_models):
     """Programmatic dependent launch (Hopper+) lets each decode kernel start before the one it follows has
     finished; a kernel that read its input before waiting would read a stale buffer. The same teacher-forced
