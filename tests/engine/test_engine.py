@@ -186,10 +186,10 @@ def test_warm_up_leaves_pool_state_and_outputs_as_before(qwen3):
     llm = LLM(str(model_dir), device="cpu", progress=False, max_num_batched_tokens=48, max_num_seqs=20)
     runner = llm.engine.runner
     launched = []
-    launch = runner.launch
-    runner.launch = lambda out: launched.append([len(s.token_ids) for s in out.seqs]) or launch(out)
+    launch = runner._launch_eager  # eager: a GPU's mixed-step graphs would take steps this small
+    runner._launch_eager = lambda out: launched.append([len(s.token_ids) for s in out.seqs]) or launch(out)
     runner.warm_up()
-    del runner.launch
+    del runner._launch_eager
     assert launched == [[1] * 16 + [32]], "one mixed step: 16 one-token sequences and a prompt of the rest"
     assert all(cache[:, 1:].abs().sum() == 0 for cache in runner.kv_caches if cache is not None)
     assert any(cache[:, 0].abs().sum() > 0 for cache in runner.kv_caches if cache is not None)

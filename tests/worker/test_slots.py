@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from ember.worker.model_runner import _padded_tables, _slots, _step_positions
+from ember.worker.attn_metadata import padded_tables, step_positions, token_slots
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -19,9 +19,9 @@ def test_step_positions_and_slots_equal_a_lookup_per_token(block_size):
             starts.append(start)
             lens.append(rng.randrange(1, block_size * len(ids) - start + 1))
         width = max(-(-(s + n) // block_size) for s, n in zip(starts, lens))
-        tables = _padded_tables(blocks, width)
-        seq, pos = _step_positions(starts, lens)
-        slots = _slots(tables, seq, pos, block_size)
+        tables = padded_tables(blocks, width)
+        seq, pos = step_positions(starts, lens)
+        slots = token_slots(tables, seq, pos, block_size)
         want_pos = [p for s, n in zip(starts, lens) for p in range(s, s + n)]
         want_slots = [ids[p // block_size] * block_size + p % block_size
                       for ids, s, n in zip(blocks, starts, lens) for p in range(s, s + n)]

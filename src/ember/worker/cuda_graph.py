@@ -39,8 +39,9 @@ from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_po
 from ember.worker.state_cache import StateMetadata
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# token counts of the captured mixed steps (below the flash-attention threshold, within the token budget)
-GRAPH_TOKEN_SIZES = (16, 32, 64, 128, 256, 512, 1024)
+# token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
+# 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
+GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
