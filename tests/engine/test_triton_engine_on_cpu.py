@@ -127,7 +127,8 @@ def test_mixed_step_graph_metadata_on_triton_kernels(name, hf_models, hybrid_mod
     _, ref = _generate(model_dir, plain=False)
     monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
     mixed_meta, steps = CudaGraphRunner._mixed_meta, []
-    monkeypatch.setattr(CudaGraphRunner, "_mixed_meta", lambda self, t, host=None: steps.append(t) or mixed_meta(self, t))
+    monkeypatch.setattr(CudaGraphRunner, "_mixed_meta",
+                        lambda self, t, host=None: steps.append(t) or mixed_meta(self, t))  # the captured lists
     _, scored = _generate(model_dir, plain=False, graph_buffers=True)
     assert steps and set(steps) <= {16, 32}
     assert [t for t, _ in scored] == [t for t, _ in ref]
