@@ -139,7 +139,7 @@ def gemv_prologues():
 
 def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32, (128, 256, 512))), pool_dtype=None):
     """The paged decode kernel (split at 1 sequence with and without a sliding window, unsplit at 64 and 256) and
-    the prefill kernel, at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
+    the prefill kernel (eager; captured too at 128), at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
     bf16 and float32 pools (or pool_dtype under a model of the case's dtype), with the tiles decode_config and
     prefill_config pick on a GPU of 132 SMs."""
     from ember.ops.triton import attention
@@ -165,10 +165,12 @@ def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32,
                 if q_len == 1:
                     cfg = attention.decode_config(num_seqs, kv_heads, cuda, d_pad, window)
                     attention._decode(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg)
-                else:
+                else:  # eager, and at 128-wide heads as a captured mixed step (one grid axis over its tiles)
                     cfg = attention.prefill_config(d_pad, q_len, cuda)
-                    attention._prefill(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg,
-                                       flash=False)
+                    for captured in (False, True)[: 2 if d == 128 else 1]:
+                        meta.captured = captured
+                        attention._prefill(q, pool, meta, torch.empty_like(q), 1.0, window, None, config=cfg,
+                                           flash=False)
 
 
 # the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences

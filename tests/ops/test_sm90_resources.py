@@ -59,15 +59,19 @@ def test_every_launch_fits_a_hopper_sm():
     # paged attention at head widths 128 / 256 / 512 over bf16 and float32 pools, split and unsplit decode and
     # prefill: each launched within an SM's shared memory. The tiles tuned for bf16 do not fit a float32 pool at
     # 512-wide heads (a Gemma 4 global layer asked an H100 for 292 KiB in session 24): those two step down.
+    # The prefill kernel's captured variant (FLAT: one grid axis over a graphed step's query tiles) at 128.
     def attention(records):
-        return {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"]["PRECISION"], r["constexprs"].get("IS_SPLIT"))
+        return {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"]["PRECISION"], r["constexprs"].get("IS_SPLIT"),
+                 r["constexprs"].get("FLAT"))
                 for r in records if r["op"] == "attention" and r["kernel"] != "_decode_merge_kernel"}
 
-    assert attention(launched) == {(k, d, p, split) for d in ("128", "256", "512") for p in ("tf32", "ieee")
-                                   for k, split in (("_decode_kernel", "True"), ("_decode_kernel", "False"),
-                                                    ("_prefill_kernel", None))}
-    assert attention([r for r in records if r.get("rejected")]) == {("_decode_kernel", "512", "ieee", "True"),
-                                                                    ("_prefill_kernel", "512", "ieee", None)}
+    assert attention(launched) == {(k, d, p, split, flat) for d in ("128", "256", "512") for p in ("tf32", "ieee")
+                                   for k, split, flat in (("_decode_kernel", "True", None),
+                                                          ("_decode_kernel", "False", None),
+                                                          ("_prefill_kernel", None, "False"))} | {
+        ("_prefill_kernel", "128", p, None, "True") for p in ("tf32", "ieee")}
+    assert attention([r for r in records if r.get("rejected")]) == {("_decode_kernel", "512", "ieee", "True", None),
+                                                                    ("_prefill_kernel", "512", "ieee", None, "False")}
     # a bf16 model over an fp8 pool (fp16 dots): every launch fits as tuned
     fp8 = {(r["kernel"], r["constexprs"]["D_PAD"], r["constexprs"].get("IS_SPLIT"), bool(r.get("rejected")))
            for r in records if r["op"] == "attention_fp8" and r["kernel"] != "_decode_merge_kernel"}

@@ -360,6 +360,39 @@ def test_paged_prefill_with_context(dtype, heads, kv_heads, head_dim, window, so
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window,softcap", [ATTN_CASES[0], ATTN_CASES[3], ATTN_CASES[6]])
+@pytest.mark.parametrize("pack", [True, False])
+def test_paged_prefill_as_a_captured_step(dtype, heads, kv_heads, head_dim, window, softcap, pack, monkeypatch):
+    """A captured mixed step's metadata (worker/cuda_graph.py): the step's sequences (one of them with no queries),
+    then empty slots, and host lists that give only the shape. The prefill kernel's flat grid finds each program's
+    sequence and tile on the device: the same output as the reference over the step's own metadata."""
+    from ember.ops.triton import attention as tri_attn
+
+    monkeypatch.setattr(tri_attn, "PREFILL_PACK_GQA", pack)
+    query_lens, context = [37, 1, 20, 0, 5, 1, 70], [0, 40, 33, 0, 0, 3, 0]
+    q, pool, meta = _batch(query_lens, context, heads, kv_heads, head_dim, dtype, heads + head_dim + 1)
+    scale = head_dim ** -0.5
+    ref = reference_attention(q, pool, replace(meta, **_without_empty(meta)), scale, window, softcap)
+    t, slots = q.shape[0], len(query_lens) + 9
+    empty = slots - len(query_lens)
+    captured = replace(
+        meta, query_start_loc=torch.cat([meta.query_start_loc, meta.query_start_loc[-1:].repeat(empty)]),
+        seq_lens=torch.cat([meta.seq_lens, meta.seq_lens.new_zeros(empty)]),
+        block_tables=torch.cat([meta.block_tables, meta.block_tables.new_zeros(empty, meta.block_tables.shape[1])]),
+        max_query_len=t, query_start_loc_cpu=[0] + [t] * slots, seq_lens_cpu=[t] * slots, captured=True)
+    close(tri.paged_attention(q, pool, captured, scale, window, softcap), ref, dtype)
+
+
+def _without_empty(meta: AttentionMetadata) -> dict:
+    """The metadata's tensors and host lists without its sequences of no queries (which the reference cannot take)."""
+    qsl, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    keep = [i for i in range(len(lens)) if qsl[i + 1] > qsl[i]]
+    return dict(query_start_loc=torch.tensor([qsl[0]] + [qsl[i + 1] for i in keep], dtype=torch.int32, device=DEVICE),
+                seq_lens=meta.seq_lens[keep], block_tables=meta.block_tables[keep],
+                query_start_loc_cpu=[qsl[0]] + [qsl[i + 1] for i in keep], seq_lens_cpu=[lens[i] for i in keep])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [256, 512])
 def test_paged_prefill_wide_heads(dtype, head_dim):
     """Gemma 4's head widths through the prefill tiles prefill_config picks for them (in float32 on a GPU: half

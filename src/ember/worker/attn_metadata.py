@@ -36,6 +36,9 @@ class AttentionMetadata:
     groups: list[AttentionMetadata] | None = None
     # values derived from this metadata once per step and shared by every layer (e.g. the decode mask)
     derived: dict = field(default_factory=dict)
+    # a captured mixed step (worker/cuda_graph.py): the host lists give only the shape of its sequence slots; the
+    # kernels find each program's work from the device tensors, and nothing is routed by the host lists
+    captured: bool = False
 
     def for_group(self, group: int) -> AttentionMetadata:
         return self if group == 0 else self.groups[group]

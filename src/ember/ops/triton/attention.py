@@ -263,23 +263,40 @@ def _prefill_tile(q, k_ptr, v_ptr, table, start, q_pos, seq_len, lo, window, m_i
     return _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
 
-@triton.jit(do_not_specialize=["stride_bt", "skip_from"],
+@triton.jit(do_not_specialize=["stride_bt", "skip_from", "num_seqs"],
             do_not_specialize_on_alignment=["table_ptr", "seq_lens_ptr", "query_start_ptr"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, seq_lens_ptr, query_start_ptr,
-    scale_log2, softcap, window, skip_from,
+    scale_log2, softcap, window, skip_from, num_seqs,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, PACK: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    FLAT: tl.constexpr = False, SEQS_PAD: tl.constexpr = 1,
 ):
     """One program per (tile of BLOCK_Q queries, sequence, head group): PACK query heads (1, or GROUP padded to a
     power of two: every head of one kv head) x BLOCK_Q queries as the rows of one tile, so each key tile is loaded
-    once for the heads that share it."""
+    once for the heads that share it. FLAT: program_id(0) numbers the step's query tiles, sequence after sequence
+    (a captured step's grid, sized by its token count, not by its slots times its longest sequence's tiles); each
+    program finds its sequence from the query starts of num_seqs (<= SEQS_PAD) sequences."""
     wait_prior(USE_PDL)
     release_dependents(USE_PDL)
-    tile = tl.program_id(0)
-    seq = tl.program_id(1).to(tl.int64)
+    if FLAT:
+        p = tl.program_id(0)
+        offs_s = tl.arange(0, SEQS_PAD)
+        in_step = offs_s < num_seqs
+        starts = tl.load(query_start_ptr + offs_s, mask=in_step, other=0)
+        ends = tl.load(query_start_ptr + offs_s + 1, mask=in_step, other=0)
+        tiles = (ends - starts + BLOCK_Q - 1) // BLOCK_Q
+        last = tl.cumsum(tiles, 0)  # one past each sequence's last tile
+        seq = tl.sum((last <= p).to(tl.int32), 0)  # the first sequence whose tiles reach past p
+        if seq >= num_seqs:
+            return
+        tile = p - tl.sum(tl.where(offs_s == seq, last - tiles, 0), 0)
+        seq = seq.to(tl.int64)
+    else:
+        tile = tl.program_id(0)
+        seq = tl.program_id(1).to(tl.int64)
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
     if tile * BLOCK_Q >= q_len or q_len >= skip_from:  # sequences of skip_from queries or more: flash attention
@@ -513,7 +530,8 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     """flash=False: every sequence in the prefill kernel (benchmarks time the kernel alone)."""
     qsl, max_query_len = meta.query_start_loc_cpu, meta.max_query_len
     long = []
-    if flash and max_query_len >= FLASH_PREFILL_MIN_QUERY and _flash_ok(q, kv_cache, sliding_window, softcap):
+    if (flash and not meta.captured and max_query_len >= FLASH_PREFILL_MIN_QUERY
+            and _flash_ok(q, kv_cache, sliding_window, softcap)):
         lens = [qsl[i + 1] - qsl[i] for i in range(meta.num_seqs)]
         long = [i for i, n in enumerate(lens) if n >= FLASH_PREFILL_MIN_QUERY]
         max_query_len = max((n for n in lens if n < FLASH_PREFILL_MIN_QUERY), default=0)
@@ -528,19 +546,29 @@ def _prefill(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, s
     block_q = max(1, cfg.pop("BLOCK_M") // pack)
     bt = meta.block_tables
     heads = q.shape[1] if pack == 1 else kv_cache.shape[3]
-    _launch_fitting(("prefill", q.device, q.dtype, kv_cache.dtype, *sorted(flags.items())),
-                    dict(cfg, BLOCK_Q=block_q, PACK=pack), lambda tile: _prefill_kernel[
-                        (triton.cdiv(max_query_len, tile["BLOCK_Q"]), meta.num_seqs, heads)](
+    num_seqs = meta.num_seqs
+    # a captured step: every query tile of the step (each sequence adds at most one partial tile) in one grid axis
+    flat = dict(FLAT=True, SEQS_PAD=triton.next_power_of_2(num_seqs)) if meta.captured else {}
+
+    def grid(tile: dict) -> tuple[int, int, int]:
+        if flat:
+            return q.shape[0] // tile["BLOCK_Q"] + num_seqs, 1, heads
+        return triton.cdiv(max_query_len, tile["BLOCK_Q"]), num_seqs, heads
+
+    _launch_fitting(("prefill", q.device, q.dtype, kv_cache.dtype, *sorted(flags.items()), bool(flat)),
+                    dict(cfg, BLOCK_Q=block_q, PACK=pack), lambda tile: _prefill_kernel[grid(tile)](
         q, c["k"], c["v"], out, bt, meta.seq_lens, meta.query_start_loc,
-        c["scale_log2"], c["softcap"], c["window"], FLASH_PREFILL_MIN_QUERY if long else 2**31 - 1,
+        c["scale_log2"], c["softcap"], c["window"], FLASH_PREFILL_MIN_QUERY if long else 2**31 - 1, num_seqs,
         q.stride(0), q.stride(1), c["k"].stride(0), c["k"].stride(1), c["k"].stride(2), bt.stride(0),
-        out.stride(0), out.stride(1), **tile, **flags, **pdl.launch_args(q.device)))
+        out.stride(0), out.stride(1), **tile, **flags, **flat, **pdl.launch_args(q.device)))
 
 
 def _decode_prefix(meta: AttentionMetadata) -> tuple[AttentionMetadata, AttentionMetadata] | None:
     """A mixed step's leading one-token sequences (the scheduler lists running sequences before new prompts) as
     their own decode batch, and the rest; None when there are fewer than MIXED_DECODE_MIN_SEQS of them. Built once
     per step: every layer of a KV group shares the metadata."""
+    if meta.captured:  # its host lists give only the grid's shape
+        return None
     if "decode_prefix" not in meta.derived:
         qsl, n = meta.query_start_loc_cpu, 0
         while n < meta.num_seqs and qsl[n + 1] - qsl[n] == 1:
