@@ -139,9 +139,9 @@ def gemv_prologues():
 
 def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32, (128, 256, 512))), pool_dtype=None):
     """The paged decode kernel (split at 1 sequence with and without a sliding window, unsplit at 64 and 256) and
-    the prefill kernel (eager; captured too at 128), at head widths 128 / 256 / 512 (Llama family, Gemma 4's sliding and global layers) over
-    bf16 and float32 pools (or pool_dtype under a model of the case's dtype), with the tiles decode_config and
-    prefill_config pick on a GPU of 132 SMs."""
+    the prefill kernel (eager; as a captured step too at 128), at head widths 128 / 256 / 512 (Llama family,
+    Gemma 4's sliding and global layers) over bf16 and float32 pools (or pool_dtype under a model of the case's
+    dtype), with the tiles decode_config and prefill_config pick on a GPU of 132 SMs."""
     from ember.ops.triton import attention
     from ember.worker.attn_metadata import AttentionMetadata
 

@@ -13,11 +13,11 @@ Mixed steps (prompt chunks, with or without decodes) of up to t tokens are captu
 min(t, max_num_seqs) sequence slots and one more for the padding. The step's sequences come first; the padding
 sequence owns the rows from the step's last token to t (token 0 at position 0, KV into the scratch slot, keys read
 from the scratch block) and the remaining slots hold no queries, so their attention programs return at once.
-The prefill kernel reads query starts, sequence lengths and block tables on the device, and its grid is that of
-t queries in each slot; the host lists of a captured step's metadata describe only that shape (no leading
-one-token sequences to split off, no sequence long enough for flash attention: every t stays below
-FLASH_PREFILL_MIN_QUERY). Models with recurrent state run mixed steps eagerly (their chunked scans are planned on
-the host).
+The prefill kernel reads query starts, sequence lengths and block tables on the device; for a captured step
+(AttentionMetadata.captured) its grid runs over the step's query tiles, each program finding its sequence there.
+The host lists of a captured step's metadata only give the slots' shape: nothing is routed by them (no leading
+one-token sequences split off, no flash attention: every t stays below FLASH_PREFILL_MIN_QUERY). Models with
+recurrent state run mixed steps eagerly (their chunked scans are planned on the host).
 
 The attention kernels read sequence lengths and block tables on the device, the recurrent layers their state
 slots, so one graph serves any step of its size. Hybrid models get static buffers for each extra KV group's slot
