@@ -282,32 +282,41 @@ class CudaGraphRunner:
             qsl, seq_lens = qsl[:-1], seq_lens[:-1]
         return cols, len(sample), qsl, seq_lens
 
+    def _copy_staged(self, seqs: list[ScheduledSeq], ends, tokens: int, seq_rows: int, table_rows: int, cols: int,
+                     extra: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copies a staged step into the static buffers: token ids (then the placeholders among them: ends[i] is
+        one past sequence i's last row), positions and each group's slot mapping over `tokens` rows, sequence
+        lengths over seq_rows, the (dst, src) pairs of extra, and each group's block table [table_rows, cols]."""
+        is_async = self.use_graphs
+        self.input_ids[:tokens].copy_(self._h_i64[0, :tokens], non_blocking=is_async)
+        if self.fill_placeholders is not None:  # after the copy above, in stream order
+            self.fill_placeholders(self.input_ids, seqs, ends)
+        self.positions[:tokens].copy_(self._h_i64[1, :tokens], non_blocking=is_async)
+        self.seq_lens[:seq_rows].copy_(self._h_seq_lens[:seq_rows], non_blocking=is_async)
+        for dst, src in extra:
+            dst.copy_(src, non_blocking=is_async)
+        size = table_rows * cols
+        for g in range(self.num_kv_groups):  # row by row: host-to-device copies of contiguous pinned memory only
+            self.slot_mapping[g, :tokens].copy_(self._h_i64[2 + g, :tokens], non_blocking=is_async)
+            self._table_stage[g, :size].copy_(self._h_table[g, :size], non_blocking=is_async)
+        if self._staged is not None:
+            self._staged.record()
+        for g in range(self.num_kv_groups):
+            self.block_tables[g, :table_rows, :cols].copy_(self._table_stage[g, :size].view(table_rows, cols))
+
     def run_mixed(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """A mixed step (can_run_mixed) through the graph of its padded token count: copies the inputs into the
         static buffers and replays; returns the logits of its sampled sequences, in order, in the model dtype (a
         view of the graph's output, valid until the next replay)."""
-        n, groups = len(seqs), self.num_kv_groups
+        n = len(seqs)
         t = self.token_size(sum(len(s.token_ids) for s in seqs))
-        rows = n + 1
         if self._staged is not None:
             self._staged.synchronize()
         cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t)
-        is_async = self.use_graphs
-        self.input_ids[:t].copy_(self._h_i64[0, :t], non_blocking=is_async)
-        if self.fill_placeholders is not None:  # after the copy above, in stream order
-            self.fill_placeholders(self.input_ids, seqs, qsl[1: n + 1])
-        self.positions[:t].copy_(self._h_i64[1, :t], non_blocking=is_async)
         s = self.mixed_seqs[t] + 1
-        self.seq_lens[:s].copy_(self._h_seq_lens[:s], non_blocking=is_async)
-        self.mixed_query_start_loc[: s + 1].copy_(self._h_query_start[: s + 1], non_blocking=is_async)
-        self.sample_rows[: s - 1].copy_(self._h_sample_rows[: s - 1], non_blocking=is_async)
-        for g in range(groups):
-            self.slot_mapping[g, :t].copy_(self._h_i64[2 + g, :t], non_blocking=is_async)
-            self._table_stage[g, : rows * cols].copy_(self._h_table[g, : rows * cols], non_blocking=is_async)
-        if self._staged is not None:
-            self._staged.record()
-        for g in range(groups):
-            self.block_tables[g, :rows, :cols].copy_(self._table_stage[g, : rows * cols].view(rows, cols))
+        self._copy_staged(seqs, qsl[1: n + 1], t, s, n + 1, cols, [
+            (self.mixed_query_start_loc[: s + 1], self._h_query_start[: s + 1]),
+            (self.sample_rows[: s - 1], self._h_sample_rows[: s - 1])])
         if not self.use_graphs:
             return self._forward_mixed(t, self._mixed_meta(t, (qsl, seq_lens)))[:num_sample]
         self.mixed_graphs[t].replay()
@@ -321,22 +330,9 @@ class CudaGraphRunner:
         if self._staged is not None:
             self._staged.synchronize()  # the last step's input copies, queued before its replay: done or nearly
         cols = self._stage(seqs, b)
-        is_async = self.use_graphs
-        self.input_ids[:b].copy_(self._h_i64[0, :b], non_blocking=is_async)
-        if self.fill_placeholders is not None:  # after the copy above, in stream order
-            self.fill_placeholders(self.input_ids, seqs, range(1, n + 1))
-        self.positions[:b].copy_(self._h_i64[1, :b], non_blocking=is_async)
-        if self.has_state:
-            self.read_slots[:b].copy_(self._h_i64[2 + groups, :b], non_blocking=is_async)
-            self.write_slots[:b].copy_(self._h_i64[3 + groups, :b], non_blocking=is_async)
-        self.seq_lens[:b].copy_(self._h_seq_lens[:b], non_blocking=is_async)
-        for g in range(groups):  # row by row: host-to-device copies of contiguous pinned memory only
-            self.slot_mapping[g, :b].copy_(self._h_i64[2 + g, :b], non_blocking=is_async)
-            self._table_stage[g, : b * cols].copy_(self._h_table[g, : b * cols], non_blocking=is_async)
-        if self._staged is not None:
-            self._staged.record()
-        for g in range(groups):
-            self.block_tables[g, :b, :cols].copy_(self._table_stage[g, : b * cols].view(b, cols))
+        state = [(self.read_slots[:b], self._h_i64[2 + groups, :b]),
+                 (self.write_slots[:b], self._h_i64[3 + groups, :b])] if self.has_state else []
+        self._copy_staged(seqs, range(1, n + 1), b, b, b, cols, state)
         if not self.use_graphs:
             max_seq_len = int(self._h_seq_lens[:n].max())
             return self._forward(b, self._meta(b, max_seq_len))[:n]
