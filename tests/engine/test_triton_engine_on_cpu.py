@@ -115,12 +115,14 @@ def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
         assert_greedy_agrees(a, b, tol=0.1)
 
 
-@pytest.mark.parametrize("name,kv_cache_dtype", [("qwen3", "auto"), ("gemma4", "auto"), ("qwen3", "fp8")])
+@pytest.mark.parametrize("name,kv_cache_dtype", [("qwen3", "auto"), ("gemma4", "auto"), ("qwen3", "fp8"),
+                                                 ("qwen3_5", "auto")])
 def test_mixed_step_graph_metadata_on_triton_kernels(name, kv_cache_dtype, hf_models, hybrid_models, monkeypatch):
     """Mixed steps through the graph runner's static buffers with the metadata a captured graph has: host lists
     that give only the grid's shape (t queries in every sequence slot), so the kernels see nothing but the device
     tensors: the step's sequences, the padding sequence over the rows up to t, and empty slots after it. Decode
-    steps through the static buffers too; over an fp8 pool as well. The reference ops' tokens and logprobs."""
+    steps through the static buffers too; over an fp8 pool as well; Qwen3.5's Gated DeltaNet kernels read the captured
+    chunk plan (spare chunks, empty slots). The reference ops' tokens and logprobs."""
     from ember.worker.cuda_graph import CudaGraphRunner
 
     model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
@@ -128,7 +130,7 @@ def test_mixed_step_graph_metadata_on_triton_kernels(name, kv_cache_dtype, hf_mo
     monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
     mixed_meta, steps = CudaGraphRunner._mixed_meta, []
     monkeypatch.setattr(CudaGraphRunner, "_mixed_meta",
-                        lambda self, t, host=None: steps.append(t) or mixed_meta(self, t))  # the captured lists
+                        lambda self, t, host=None, plan=None: steps.append(t) or mixed_meta(self, t))  # captured lists
     _, scored = _generate(model_dir, kv_cache_dtype=kv_cache_dtype, plain=False, graph_buffers=True)
     assert steps and set(steps) <= {16, 32}
     assert [t for t, _ in scored] == [t for t, _ in ref]

@@ -133,11 +133,12 @@ def test_graph_logits_match_eager_logits(hf_models):
     assert ((graph - eager).norm() / eager.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma4"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma4", "qwen3_5"])
 def test_mixed_step_graphs_match_eager_steps(name, hf_models, hybrid_models, monkeypatch):
     """Prompt chunks and the decodes among them through captured mixed-step graphs (padded to a token count, a
     padding sequence, empty slots): float32, the tokens and logprobs of the same engine with mixed steps eager.
-    Chunked by a 96-token budget, then again with prefix-cache hits (chunks that start mid-sequence)."""
+    Chunked by a 96-token budget, then again with prefix-cache hits (chunks that start mid-sequence; for Qwen3.5
+    resuming from the state snapshots its mixed steps took through the captured chunk plans)."""
     model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (3, 150, 17, 41, 9, 64)]

@@ -3,7 +3,7 @@ into its static buffers (every KV group's slot mapping and block table, the stat
 the forward on them. Hybrid models must generate exactly the eager path's greedy tokens: batch 3 padded to 4,
 decodes crossing block boundaries (decode snapshots), then a follow-up turn resuming from the cached prefix.
 Mixed steps (prompt chunks with decodes among them) go through the same buffers padded to a captured token count,
-with a padding sequence and empty sequence slots, for models without recurrent state."""
+with a padding sequence and empty sequence slots; Qwen3.5's chunk plans through the static plan buffers."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,10 @@ import pytest
 import torch
 
 from ember import LLM, SamplingParams, ops
+from ember.engine.scheduler import ScheduledSeq
+from ember.kv.state_pool import StateStep
+from ember.ops import gated_delta as gd
+from ember.worker.cuda_graph import StaticChunkPlans
 from tests.helpers import count_graph_steps
 
 if not torch.cuda.is_available():
@@ -116,11 +120,13 @@ def test_static_buffer_decode_with_triton_op(hybrid_models, monkeypatch):
     assert_same_states(staged, eager)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma4"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma4", "qwen3_5"])
 def test_static_buffer_mixed_steps_equal_eager(name, hf_models, hybrid_models):
     """Prompts chunked by a 48-token budget (decodes join the later chunks' steps), a long prompt alone (its first
     chunk samples nothing), then all of them again (cached prefixes: chunks that start mid-sequence): every step
-    runs padded through the static buffers, with the eager path's tokens."""
+    runs padded through the static buffers, with the eager path's tokens. Qwen3.5's chunk plans go through the
+    static plan buffers (snapshots at block boundaries inside chunks, the padding sequence's state into the scratch
+    slot): every slot ends up holding the eager run's state."""
     model_dir, _ = (hf_models if name == "qwen3" else hybrid_models)(name)
     prompts = [prompt(n, seed) for seed, n in enumerate((29, 45, 14, 70))]
 
@@ -135,9 +141,57 @@ def test_static_buffer_mixed_steps_equal_eager(name, hf_models, hybrid_models):
     assert_same(run(staged), run(eager))
     assert any(n > 1 for n, _ in steps) and any(t == 48 for _, t in steps) and any(t % 16 for _, t in steps)
     assert (1, 48) in steps  # the first chunk of the 70-token prompt alone: nothing sampled
+    if name == "qwen3_5":
+        assert_same_states(staged, eager)
 
 
-def test_stateful_models_run_mixed_steps_eagerly(hybrid_models):
-    model_dir, _ = hybrid_models("qwen3_5")
-    runner = make_llm(model_dir).engine.runner
-    assert runner.make_graph_runner(4, use_graphs=False).token_sizes == []
+def state_seq(n: int, read: int, write: int, snapshots=()) -> ScheduledSeq:
+    return ScheduledSeq(f"r{write}", [1] * n, 0, [], True, GREEDY, 0, [1] * n, [], [], StateStep(read, write, snapshots))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_static_chunk_plan_equals_the_steps_own(kernels):
+    """A mixed step's sequences (a decode taking a snapshot after its token, a fresh prompt chunk with a snapshot
+    inside, a continued chunk) through graph t's static plan, padded to t with the padding sequence and empty
+    slots, give the outputs and slot states of their own ChunkPlan; the Triton kernels (interpreted on CPU)
+    skip the plan's spare chunks. Steps that do not fit the plan are refused."""
+    from tests.ops.kernel_checks import DEVICE, TRITON_MIN_VERSION, assert_close
+    from tests.ops.test_gated_delta_prefill import NUM_SLOTS, make_layer, make_tokens
+
+    hk, hv, dk, dv, kernel, t = 2, 4, 16, 16, 4, 96
+    scratch = NUM_SLOTS - 1
+    seqs = [state_seq(1, 2, 2, ((1, 7),)), state_seq(70, -1, 3, ((48, 8),)), state_seq(20, 4, 4)]
+    plans = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False)
+    assert plans.fits(seqs, t)
+    plan, copies = plans.stage(seqs, t)
+    for dst, src in copies:
+        dst.copy_(src)
+    assert plan.num_chunks == plans.chunks[t] == 2 + 6 + 2
+    num_tokens = 91
+    own = gd.ChunkPlan.build([0, 1, 71, 91], [2, -1, 4], [2, 3, 4], [((1, 7),), ((48, 8),), ()], kernel - 1,
+                             torch.device(DEVICE))
+    weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=11)
+    mixed, g, beta = (x.to(DEVICE) for x in make_tokens(t, weight.shape[0], hv, seed=12))
+    weight = weight.to(DEVICE)
+    fns = {}
+    if kernels == "triton":
+        pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
+        from ember.ops import triton as tri
+        fns = dict(prepare=tri.gated_delta_chunk_prepare, scan=tri.gated_delta_chunk_scan,
+                   windows=tri.gated_delta_conv_windows)
+    states = [(conv_state.to(DEVICE).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
+    want = gd.gated_delta_prefill(mixed[:num_tokens], weight, g[:num_tokens], beta[:num_tokens], *states[0], own, hk,
+                                  **fns)
+    got = gd.gated_delta_prefill(mixed, weight, g, beta, *states[1], plan, hk, **fns)
+    assert_close(got[:num_tokens], want, 1e-5)
+    for (conv_a, ssm_a), (conv_b, ssm_b) in [(states[1], states[0])]:
+        assert_close(ssm_a[:scratch], ssm_b[:scratch], 1e-5)  # the padding wrote only the scratch slot
+        assert torch.equal(conv_a[:scratch], conv_b[:scratch])
+    assert not torch.equal(states[1][1][7], ssm_state.to(DEVICE)[7])  # the snapshots were taken
+
+    assert not plans.fits(seqs + [state_seq(1, 5, 5)] * 3, t)  # 6 sequences: no slot left for the padding
+    assert not plans.fits([state_seq(4, 2, 2, ((0, 7),))], t)  # a state due before the first token
+    assert not plans.fits([state_seq(30, 2, 2, ((10, 7), (20, 8)))], t)  # two snapshots in one chunk
+    assert not plans.fits([state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)], t)  # 2 x 5 + 1 chunks > 10
+
+

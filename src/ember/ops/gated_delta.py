@@ -9,7 +9,9 @@ Per head, with state S [Dk, Dv], decay a_t = exp(g_t) and write strength beta_t:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -36,7 +38,83 @@ def _prepare(q, k, v, beta, g):
 
 
 @dataclass(slots=True)
+class ChunkLayout:
+    """A step's chunk layout on the host (numpy, int64): what ChunkPlan holds on the device, built once; the
+    graph runner writes it into a captured plan's static buffers (padded to their sizes) instead."""
+
+    width: int
+    chunk_size: int
+    num_rows: int
+    seq_chunks: np.ndarray  # [S+1]
+    save_after: np.ndarray  # [N]
+    chunk_first: np.ndarray  # [N]
+    chunk_len: np.ndarray  # [N]
+    initial_rows: list[tuple[int, int]]
+    save_slots: np.ndarray  # [M]
+    save_rows: np.ndarray  # [M]
+    save_cols: np.ndarray  # [M, width]
+    reads: np.ndarray  # [S] as given (-1: fresh)
+    token_pos: np.ndarray  # [T]
+    token_cols: np.ndarray  # [T]
+    state_cols: np.ndarray  # [S, width]
+    buffer_starts: np.ndarray  # [S+1]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.save_after)
+
+    @classmethod
+    def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
+              snapshots: Sequence[tuple[tuple[int, int], ...]], width: int, chunk_size: int = 64) -> ChunkLayout:
+        seq_chunks, save_after, initial_rows, chunk_first, chunk_len = [0], [], [], [], []
+        save_slots, save_rows, save_cols, token_pos, token_cols = [], [], [], [], []
+        num_rows = 0
+        qsl = np.asarray(query_start_loc, dtype=np.int64)
+        lengths = np.diff(qsl)
+        buffer_starts = np.concatenate([[0], np.cumsum(lengths + width)])
+        window = np.arange(width, dtype=np.int64)
+        for i, (start, length, buffer) in enumerate(zip(qsl[:-1].tolist(), lengths.tolist(), buffer_starts.tolist())):
+            if length == 0:  # a sequence with no tokens this step keeps its slots as they are
+                seq_chunks.append(len(save_after))
+                continue
+            token_cols.append(np.arange(buffer + width, buffer + width + length))
+            due: dict[int, list[int]] = {}
+            for offset, slot in snapshots[i]:
+                due.setdefault(offset, []).append(slot)
+            due.setdefault(length, []).append(write_slots[i])
+            begin = 0
+            for cut in sorted(due):
+                pieces = -(-(cut - begin) // chunk_size)
+                token_pos.append(len(save_after) * chunk_size + np.arange(cut - begin))
+                chunk_first.extend(range(start + begin, start + cut, chunk_size))
+                chunk_len.extend(min(chunk_size, cut - b) for b in range(begin, cut, chunk_size))
+                save_after.extend([-1] * pieces)
+                if pieces:
+                    save_after[-1] = num_rows
+                else:
+                    initial_rows.append((num_rows, i))
+                for slot in due[cut]:
+                    save_slots.append(slot)
+                    save_rows.append(num_rows)
+                    save_cols.append(buffer + cut + window)
+                num_rows += 1
+                begin = cut
+            seq_chunks.append(len(save_after))
+
+        def arr(x, shape=(0,)):
+            return np.asarray(x, dtype=np.int64) if len(x) else np.empty(shape, dtype=np.int64)
+
+        def cat(parts):
+            return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+        return cls(width, chunk_size, num_rows, arr(seq_chunks), arr(save_after), arr(chunk_first), arr(chunk_len),
+                   initial_rows, arr(save_slots), arr(save_rows), arr(save_cols, (0, width)), arr(read_slots),
+                   cat(token_pos), cat(token_cols), buffer_starts[:-1, None] + window, buffer_starts)
+
+
+@dataclass(slots=True)
 class ChunkPlan:
+
     """Where one prefill step's tokens go in the batched (varlen) chunked form; built on the host once per step
     and shared by the step's Gated DeltaNet layers.
 
@@ -69,58 +147,23 @@ class ChunkPlan:
     state_cols: torch.Tensor  # [S, width] conv buffer rows of each sequence's window before the chunk
 
     @classmethod
-    def build(cls, query_start_loc: list[int], read_slots: list[int], write_slots: list[int],
-              snapshots: list[tuple[tuple[int, int], ...]], width: int, device: torch.device,
+    def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
+              snapshots: Sequence[tuple[tuple[int, int], ...]], width: int, device: torch.device,
               chunk_size: int = 64) -> ChunkPlan:
-        seq_chunks, save_after, initial_rows, chunk_first, chunk_len = [0], [], [], [], []
-        save_slots, save_rows, save_cols, token_pos, token_cols, state_cols = [], [], [], [], [], []
-        buffer = num_rows = 0
-        buffer_starts = [0]
-        for i, (start, end) in enumerate(zip(query_start_loc[:-1], query_start_loc[1:])):
-            length = end - start
-            state_cols.append(torch.arange(buffer, buffer + width))
-            if length > 0:  # a sequence with no tokens this step keeps its slots as they are
-                token_cols.append(torch.arange(buffer + width, buffer + width + length))
-                due: dict[int, list[int]] = {}
-                for offset, slot in snapshots[i]:
-                    due.setdefault(offset, []).append(slot)
-                due.setdefault(length, []).append(write_slots[i])
-                begin = 0
-                for cut in sorted(due):
-                    pieces = -(-(cut - begin) // chunk_size)
-                    token_pos.append(len(save_after) * chunk_size + torch.arange(cut - begin))
-                    chunk_first.extend(range(start + begin, start + cut, chunk_size))
-                    chunk_len.extend(min(chunk_size, cut - b) for b in range(begin, cut, chunk_size))
-                    save_after.extend([-1] * pieces)
-                    if pieces:
-                        save_after[-1] = num_rows
-                    else:
-                        initial_rows.append((num_rows, i))
-                    for slot in due[cut]:
-                        save_slots.append(slot)
-                        save_rows.append(num_rows)
-                        save_cols.append(torch.arange(buffer + cut, buffer + cut + width))
-                    num_rows += 1
-                    begin = cut
-            buffer += width + length
-            buffer_starts.append(buffer)
-            seq_chunks.append(len(save_after))
+        return cls.from_layout(ChunkLayout.build(query_start_loc, read_slots, write_slots, snapshots, width,
+                                                 chunk_size), device)
 
+    @classmethod
+    def from_layout(cls, lay: ChunkLayout, device: torch.device) -> ChunkPlan:
         def dev(x, dtype=torch.int64):
-            return torch.as_tensor(x, dtype=dtype).to(device, non_blocking=True)
+            return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype, non_blocking=True)
 
-        def cat(parts, empty_shape):
-            return dev(torch.cat(parts) if parts else torch.empty(empty_shape, dtype=torch.int64))
-
-        def stack(parts):
-            return dev(torch.stack(parts) if parts else torch.empty(0, width, dtype=torch.int64))
-
-        return cls(chunk_size, width, len(save_after), num_rows, seq_chunks, dev(seq_chunks, torch.int32),
-                   save_after, dev(save_after, torch.int32), initial_rows, dev(save_slots), dev(save_rows),
-                   stack(save_cols), dev([max(r, 0) for r in read_slots]),
-                   dev([r < 0 for r in read_slots], torch.bool)[:, None, None], cat(token_pos, (0,)),
-                   dev(chunk_first, torch.int32), dev(chunk_len, torch.int32), buffer, buffer_starts,
-                   cat(token_cols, (0,)), stack(state_cols))
+        return cls(lay.chunk_size, lay.width, lay.num_chunks, lay.num_rows, lay.seq_chunks.tolist(),
+                   dev(lay.seq_chunks, torch.int32), lay.save_after.tolist(), dev(lay.save_after, torch.int32),
+                   lay.initial_rows, dev(lay.save_slots), dev(lay.save_rows), dev(lay.save_cols),
+                   dev(np.maximum(lay.reads, 0)), dev(lay.reads < 0, torch.bool)[:, None, None], dev(lay.token_pos),
+                   dev(lay.chunk_first, torch.int32), dev(lay.chunk_len, torch.int32), int(lay.buffer_starts[-1]),
+                   lay.buffer_starts.tolist(), dev(lay.token_cols), dev(lay.state_cols))
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
@@ -159,22 +202,30 @@ def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torc
     return windows(buf, weight, plan, x.dtype), buf
 
 
+def initial_states(states: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
+    """[S, H, Dk, Dv] fp32: each sequence's state before the step, read from the slots plan.reads names (zeros where
+    plan.fresh)."""
+    return states[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
+
+
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
-               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan,
+               chunk_decay: torch.Tensor, states: torch.Tensor, plan: ChunkPlan,
                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The sequential part of the chunked rule: each sequence's chunks in order, carrying its state.
 
     w (the decayed keys through the UT transform), q (decayed queries), k (keys decayed to the chunk end):
     [N, H, C, Dk]; u (the chunk's new values): [N, H, C, Dv]; intra (masked, decayed q k^T): [N, H, C, C];
-    chunk_decay: [N, H]; initial: [S, H, Dk, Dv] fp32. Returns ([T, H, Dv] the outputs in token order, in
+    chunk_decay: [N, H]; states: [num_slots, H, Dk, Dv], each sequence's initial state read at plan.reads (zeros
+    where plan.fresh; computed in fp32). Returns ([T, H, Dv] the outputs in token order, in
     out_dtype (default: u's), and [num_rows, H, Dk, Dv] the states after the chunks plan.save_after names).
     Step i runs chunk i of every sequence that has one.
     """
     out = torch.empty_like(u)
+    initial = initial_states(states, plan)
     saved = initial.new_empty(plan.num_rows, *initial.shape[1:])
     starts = plan.seq_chunks_cpu
     counts = [b - a for a, b in zip(starts[:-1], starts[1:])]
-    state = initial.clone()
+    state = initial  # a fresh tensor: carried in place
     for i in range(max(counts, default=0)):
         seqs = [s for s, n in enumerate(counts) if n > i]
         chunks = [starts[s] + i for s in seqs]
@@ -238,12 +289,13 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     mixed's dtype. Every read happens before any write, so a sequence may read and write one slot.
     """
     num_v_heads, head_k, head_v = ssm_state.shape[1:]
-    initial = ssm_state[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
     conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
-    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), initial, plan,
+    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), ssm_state, plan,
                       out_dtype=mixed.dtype)
-    for row, seq in plan.initial_rows:
-        saved[row] = initial[seq]
+    if plan.initial_rows:  # states due before a sequence's first token: its initial one
+        initial = initial_states(ssm_state, plan)
+        for row, seq in plan.initial_rows:
+            saved[row] = initial[seq]
     if plan.save_slots.numel():
         ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
         conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))

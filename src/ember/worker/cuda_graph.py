@@ -16,8 +16,9 @@ from the scratch block) and the remaining slots hold no queries, so their attent
 The prefill kernel reads query starts, sequence lengths and block tables on the device; for a captured step
 (AttentionMetadata.captured) its grid runs over the step's query tiles, each program finding its sequence there.
 The host lists of a captured step's metadata only give the slots' shape: nothing is routed by them (no leading
-one-token sequences split off, no flash attention: every t stays below FLASH_PREFILL_MIN_QUERY). Models with
-recurrent state run mixed steps eagerly (their chunked scans are planned on the host).
+one-token sequences split off, no flash attention: every t stays below FLASH_PREFILL_MIN_QUERY). For models with
+recurrent state the padding sequence is a fresh one writing the scratch slot, and the recurrent layers' chunk plan
+(built on the host per step, as eagerly) is copied into static buffers sized for t (StaticChunkPlans).
 
 The attention kernels read sequence lengths and block tables on the device, the recurrent layers their state
 slots, so one graph serves any step of its size. Hybrid models get static buffers for each extra KV group's slot
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from ember.engine.scheduler import ScheduledSeq
+from ember.ops.gated_delta import ChunkLayout, ChunkPlan
 from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_positions, token_slots
 from ember.worker.state_cache import StateMetadata
 
@@ -42,6 +44,9 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
 # 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
 GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans): each slot's initial state is
+# gathered whether it runs or not (qwen3_5-default: 2 MB per slot and layer), and the chunks grow with the slots
+STATE_MIXED_SEQS = 16
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
@@ -51,16 +56,101 @@ def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.
     return torch.zeros(shape, dtype=dtype, pin_memory=is_pinned)
 
 
+class StaticChunkPlans:
+    """The chunk plans (ops.gated_delta.ChunkPlan) of the mixed graphs of a model with recurrent state, in static
+    buffers. The graph of t tokens plans its seqs(t) sequence slots: the step's sequences, the padding sequence
+    (fresh, writing the scratch slot) and empty ones; it has room for chunks(t) chunks, 2 cuts per slot (a
+    snapshot and the chunk's end) and 2 saves per slot, plus a row the scan never writes. A step's host layout
+    (ChunkLayout) is copied in padded: chunks past its own hold no tokens (no sequence's range reaches them; the
+    prepare kernel returns at once), saves past its own copy the unwritten row into the scratch slot. Steps that
+    need more chunks, or a state saved before their first token, run eagerly (fits)."""
+
+    def __init__(self, seqs: dict[int, int], width: int, scratch_slot: int, device: torch.device,
+                 is_pinned: bool, chunk_size: int = 64) -> None:
+        self.width, self.scratch_slot, self.chunk_size = width, scratch_slot, chunk_size
+        self.seqs = seqs
+        self.chunks = {t: -(-t // chunk_size) + s + 2 for t, s in seqs.items()}
+        sizes = {k: max(self._sizes(t)[k] for t in seqs) for k in self._sizes(max(seqs))}
+        dtypes = {"seq_chunks": torch.int32, "save_after": torch.int32, "chunk_first": torch.int32,
+                  "chunk_len": torch.int32, "fresh": torch.bool}
+        self.dev = {k: torch.zeros(n, dtype=dtypes.get(k, torch.int64), device=device) for k, n in sizes.items()}
+        self.host = {k: _host((n,), dtypes.get(k, torch.int64), is_pinned) for k, n in sizes.items()}
+        self.dev["save_slots"].fill_(scratch_slot)  # until the first step: captures save into the scratch slot
+        self.plans = {t: self._plan(t) for t in seqs}
+
+    def _sizes(self, t: int) -> dict[str, int]:
+        s, n, w = self.seqs[t], self.chunks[t], self.width
+        return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_rows": 2 * s,
+                "save_cols": 2 * s * w, "state_cols": s * w, "seq_chunks": s + 1, "save_after": n, "chunk_first": n,
+                "chunk_len": n, "fresh": s}
+
+    def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
+        """Graph t's plan over the static buffers; its host lists from lay (use_graphs=False: the reference ops
+        loop over them) or, captured, of the right length only."""
+        s, n, w = self.seqs[t], self.chunks[t], self.width
+        d = {k: self.dev[k][:size] for k, size in self._sizes(t).items()}
+        return ChunkPlan(
+            self.chunk_size, w, n, 2 * s + 1, lay.seq_chunks.tolist() if lay else [0] * (s + 1), d["seq_chunks"],
+            lay.save_after.tolist() + [-1] * (n - lay.num_chunks) if lay else [-1] * n, d["save_after"], [],
+            d["save_slots"], d["save_rows"], d["save_cols"].view(2 * s, w), d["reads"], d["fresh"].view(s, 1, 1),
+            d["token_pos"], d["chunk_first"], d["chunk_len"], s * w + t,
+            lay.buffer_starts.tolist() if lay else list(range(0, (s + 1) * w, w)), d["token_cols"],
+            d["state_cols"].view(s, w))
+
+    def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
+        """Whether the step's layout fits graph t's plan: chunks within chunks(t), at most 2 cuts and saves per
+        sequence, no state due before a sequence's first token (the eager path copies those rows on the host)."""
+        if len(seqs) >= self.seqs[t]:
+            return False
+        size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
+        chunks = -(-pad // size)
+        for s in seqs:
+            if s.state is None or len(s.state.snapshots) > 1:
+                return False
+            cut, n = (s.state.snapshots[0][0] if s.state.snapshots else 0), len(s.token_ids)
+            if s.state.snapshots and cut == 0:
+                return False
+            chunks += -(-cut // size) + -(-(n - cut) // size)
+        return chunks <= self.chunks[t]
+
+    def stage(self, seqs: list[ScheduledSeq], t: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Writes the step's layout (fits) into the host buffers; returns graph t's plan (with the step's host
+        lists) and the (device, host) pairs to copy."""
+        s_max, n_max, w = self.seqs[t], self.chunks[t], self.width
+        n, num_tokens = len(seqs), sum(len(s.token_ids) for s in seqs)
+        empty = s_max - n - 1
+        lens = [len(s.token_ids) for s in seqs] + [t - num_tokens] + [0] * empty
+        fresh = [-1] * (empty + 1)
+        lay = ChunkLayout.build([0, *itertools.accumulate(lens)], [s.state.read_slot for s in seqs] + fresh,
+                                [s.state.write_slot for s in seqs] + [self.scratch_slot] * (empty + 1),
+                                [s.state.snapshots for s in seqs] + [()] * (empty + 1), w, self.chunk_size)
+        assert lay.num_chunks <= n_max and not lay.initial_rows, "staged a step that does not fit (fits)"
+        h = {k: v.numpy() for k, v in self.host.items()}
+        h["token_pos"][:t], h["token_cols"][:t] = lay.token_pos, lay.token_cols
+        h["reads"][:s_max], h["fresh"][:s_max] = np.maximum(lay.reads, 0), lay.reads < 0
+        h["seq_chunks"][: s_max + 1] = lay.seq_chunks
+        h["state_cols"][: s_max * w] = lay.state_cols.ravel()
+        c = lay.num_chunks
+        for k, pad in (("save_after", -1), ("chunk_first", 0), ("chunk_len", 0)):
+            h[k][:c], h[k][c:n_max] = getattr(lay, k), pad
+        m = len(lay.save_slots)
+        h["save_slots"][:m], h["save_slots"][m: 2 * s_max] = lay.save_slots, self.scratch_slot
+        h["save_rows"][:m], h["save_rows"][m: 2 * s_max] = lay.save_rows, 2 * s_max  # the row never written
+        h["save_cols"][: m * w], h["save_cols"][m * w: 2 * s_max * w] = lay.save_cols.ravel(), 0
+        return self._plan(t, lay), [(self.dev[k][:size], self.host[k][:size]) for k, size in self._sizes(t).items()]
+
+
 class CudaGraphRunner:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, num_kv_groups: int = 1, state_scratch_slot: int | None = None,
                  use_graphs: bool = True, fill_placeholders: FillPlaceholders | None = None,
-                 token_sizes: Sequence[int] = ()) -> None:
+                 token_sizes: Sequence[int] = (), state_width: int | None = None) -> None:
         """state_scratch_slot: the slot padding rows write their recurrent state into (models with state slots).
         use_graphs=False keeps the static buffers and staging but no pinned memory, events or capture: run() calls
         the forward on the static buffers (the CPU test of what a graph would read). fill_placeholders: called on
         the static input ids once the staged ones are copied in, before the replay (the model runner's).
-        token_sizes: the token counts of mixed-step graphs (none for models with state slots)."""
+        token_sizes: the token counts of mixed-step graphs. state_width: the conv window (K - 1) of the recurrent
+        layers' chunk plans (models with state slots and mixed graphs)."""
         self.model = model
         self.fill_placeholders = fill_placeholders
         self.block_size = block_size
@@ -70,10 +160,16 @@ class CudaGraphRunner:
         self.batch_sizes = [b for b in GRAPH_BATCH_SIZES if b < max_num_seqs] + [max_num_seqs]
         b, nb, groups = self.batch_sizes[-1], max_blocks_per_seq, num_kv_groups
         self.max_blocks = nb
-        assert not (token_sizes and state_scratch_slot is not None), "mixed steps of stateful models run eagerly"
         self.token_sizes = sorted(token_sizes)
+        self.has_state = state_scratch_slot is not None
         # a mixed graph's sequence slots, the padding sequence's not counted
-        self.mixed_seqs = {t: min(t, max_num_seqs) for t in self.token_sizes}
+        cap = STATE_MIXED_SEQS if self.has_state else max_num_seqs
+        self.mixed_seqs = {t: min(t, max_num_seqs, cap) for t in self.token_sizes}
+        self.chunk_plans: StaticChunkPlans | None = None
+        if self.has_state and self.token_sizes:
+            assert state_width is not None, "mixed graphs of a model with state slots need its conv width"
+            self.chunk_plans = StaticChunkPlans({t: s + 1 for t, s in self.mixed_seqs.items()}, state_width,
+                                                state_scratch_slot, device, use_graphs)
         tokens = max([b, *self.token_sizes])
         rows = max([b, *(s + 1 for s in self.mixed_seqs.values())])
         # static device inputs, read by every captured graph; one slot mapping and block table per KV group
@@ -87,7 +183,6 @@ class CudaGraphRunner:
         self.sample_rows = torch.zeros(max(self.mixed_seqs.values(), default=1), dtype=torch.int64, device=device)
         self._table_stage = torch.zeros(groups, rows * nb, dtype=torch.int32, device=device)
         # recurrent-state slots: until the first step, every row reads zeros and writes the scratch slot
-        self.has_state = state_scratch_slot is not None
         self.read_slots = torch.full((b,), -1, dtype=torch.int64, device=device)
         self.write_slots = torch.full((b,), state_scratch_slot or 0, dtype=torch.int64, device=device)
         # host staging (pinned for graphs), reused every step once the previous step's copies have left it
@@ -119,17 +214,23 @@ class CudaGraphRunner:
                                     for g in range(1, self.num_kv_groups)]
         return meta
 
-    def _mixed_meta(self, t: int, host: tuple[list[int], list[int]] | None = None) -> AttentionMetadata:
+    def _mixed_meta(self, t: int, host: tuple[list[int], list[int]] | None = None,
+                    plan: ChunkPlan | None = None) -> AttentionMetadata:
         """A mixed graph's metadata over its sequence slots and the padding sequence. host: the step's query starts
-        and sequence lengths (use_graphs=False: the reference ops loop over them); captured, the lists only give
-        the grid's shape: every slot with t queries, so nothing is split off or sent to flash attention."""
+        and sequence lengths (use_graphs=False: the reference ops loop over them), plan: its chunk plan with the
+        step's host lists (models with state slots); captured, the lists only give the grid's shape: every slot
+        with t queries, so nothing is split off or sent to flash attention."""
         s = self.mixed_seqs[t] + 1
+        state = None
+        if self.chunk_plans is not None:  # the recurrent layers read the plan's slots, not the decode ones
+            state = StateMetadata([], [], [], self.read_slots[:0], self.write_slots[:0],
+                                  plan or self.chunk_plans.plans[t])
         qsl_cpu, lens_cpu = host if host is not None else ([0] + [t] * s, [t] * s)
         meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[0, :t], query_start_loc=self.mixed_query_start_loc[: s + 1],
             seq_lens=self.seq_lens[:s], block_tables=self.block_tables[0, :s],
             max_query_len=t if host is None else max(b - a for a, b in itertools.pairwise(qsl_cpu)),
-            max_seq_len=max(lens_cpu), query_start_loc_cpu=qsl_cpu, seq_lens_cpu=lens_cpu,
+            max_seq_len=max(lens_cpu), query_start_loc_cpu=qsl_cpu, seq_lens_cpu=lens_cpu, state=state,
         )
         if self.num_kv_groups > 1:
             meta.groups = [meta] + [replace(meta, slot_mapping=self.slot_mapping[g, :t],
@@ -211,7 +312,7 @@ class CudaGraphRunner:
                 return False
             if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
                 return False
-        return True
+        return self.chunk_plans is None or self.chunk_plans.fits(seqs, t)
 
     def _stage(self, seqs: list[ScheduledSeq], b: int) -> int:
         """Writes the step's inputs into the host staging buffers; returns the block tables' width."""
@@ -313,12 +414,13 @@ class CudaGraphRunner:
         if self._staged is not None:
             self._staged.synchronize()
         cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t)
+        plan, plan_copies = self.chunk_plans.stage(seqs, t) if self.chunk_plans is not None else (None, [])
         s = self.mixed_seqs[t] + 1
         self._copy_staged(seqs, qsl[1: n + 1], t, s, n + 1, cols, [
             (self.mixed_query_start_loc[: s + 1], self._h_query_start[: s + 1]),
-            (self.sample_rows[: s - 1], self._h_sample_rows[: s - 1])])
+            (self.sample_rows[: s - 1], self._h_sample_rows[: s - 1]), *plan_copies])
         if not self.use_graphs:
-            return self._forward_mixed(t, self._mixed_meta(t, (qsl, seq_lens)))[:num_sample]
+            return self._forward_mixed(t, self._mixed_meta(t, (qsl, seq_lens), plan))[:num_sample]
         self.mixed_graphs[t].replay()
         return self.mixed_logits[:num_sample]
 

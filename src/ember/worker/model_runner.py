@@ -261,16 +261,18 @@ class ModelRunner:
         up to max_num_seqs sequences, mixed steps of token_sizes tokens (default: mixed_token_sizes)."""
         max_blocks = -(-self.model_cfg.max_model_len // self.block_size)
         scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
+        # the recurrent layers' conv window, which their chunk plans are laid out by
+        width = next((t.shape[-1] for spec in self.cache_specs if isinstance(spec, RecurrentStateSpec)
+                      for t in spec.tensors if t.name == "conv"), None)
         return CudaGraphRunner(self.model, max_num_seqs, max_blocks, self.block_size, self.device,
                                max(1, len(self.kv_groups)), scratch, use_graphs, self._fill_placeholders,
-                               self.mixed_token_sizes(max_blocks) if token_sizes is None else token_sizes)
+                               self.mixed_token_sizes(max_blocks) if token_sizes is None else token_sizes, width)
 
     def mixed_token_sizes(self, max_blocks: int) -> tuple[int, ...]:
         """Token counts of the mixed-step graphs: GRAPH_TOKEN_SIZES within the token budget and the block tables'
         width, below the length from which a sequence's prefill goes to flash attention (a captured step cannot
-        route by length), the last one raised to that limit. None for models with recurrent state, whose chunked
-        scans are planned on the host, or with EMBER_MIXED_GRAPHS=0."""
-        if self.state_cache.layers or os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
+        route by length), the last one raised to that limit. None with EMBER_MIXED_GRAPHS=0."""
+        if os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
             return ()
         limit = min(self.cache_cfg.max_num_batched_tokens, max_blocks * self.block_size, GRAPH_TOKEN_SIZES[-1])
         if ops.triton_enabled():

@@ -8,8 +8,9 @@ launches, with the signatures of the torch references chunk_prepare and chunk_sc
    k_beta k^T and q k^T [C, C], the inverse T of the unit lower-triangular (I + strictly_lower(k_beta k^T)) (its
    16-row diagonal blocks by forward substitution, then the blocks below through a nilpotent series, in [C, C]
    dots), and through it the UT transform: u = T (v beta), w = T (k beta e^g).
-2. chunk_scan, grid (sequence, value head, Dv block): each program holds its [Dk, BLOCK_V] slice of the state in
-   registers in fp32 and runs its sequence's chunks in order (as flash-linear-attention's
+2. chunk_scan, grid (sequence, value head, Dv block): each program loads its [Dk, BLOCK_V] slice of the
+   sequence's initial state from its read slot of the state pool (zeros where fresh), holds it in registers in fp32
+   and runs its sequence's chunks in order (as flash-linear-attention's
    chunk_gated_delta_rule_fwd_h and chunk_fwd_o, fused):
        v_new = u - w @ S;    o = q @ S + intra @ v_new;    S = S * decay + k^T @ v_new
    storing o in token order and the output's dtype (the plan's chunk_first / chunk_len again) and, where the plan
@@ -85,8 +86,8 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 
 
 @triton.jit
-def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, out_ptr, saved_ptr, starts_ptr,
-                       save_ptr, first_ptr, len_ptr, num_heads,
+def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, reads_ptr, fresh_ptr, out_ptr, saved_ptr,
+                       starts_ptr, save_ptr, first_ptr, len_ptr, num_heads,
                        HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
                        BLOCK_V: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
@@ -97,8 +98,10 @@ def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, out
     k_mask, v_mask = dk < HEAD_K, dv < HEAD_V
     state_tile = dk[:, None] * HEAD_V + dv[None, :]
     state_mask = k_mask[:, None] & v_mask[None, :]
-    h = tl.load(h0_ptr + (seq * num_heads + head).to(tl.int64) * HEAD_K * HEAD_V + state_tile, mask=state_mask,
-                other=0.0)
+    slot = tl.load(reads_ptr + seq)  # the sequence's initial state: its read slot, or zeros where fresh
+    h = tl.load(h0_ptr + (slot * num_heads + head) * HEAD_K * HEAD_V + state_tile, mask=state_mask,
+                other=0.0).to(tl.float32)
+    h = tl.where(tl.load(fresh_ptr + seq) != 0, 0.0, h)
     first = tl.load(starts_ptr + seq)
     last = tl.load(starts_ptr + seq + 1)
     for n in range(first, last):
@@ -136,8 +139,11 @@ def _chunk_prepare_kernel(x_ptr, g_ptr, beta_ptr, first_ptr, len_ptr, w_ptr, u_p
     dk = tl.arange(0, BLOCK_K)
     dv = tl.arange(0, BLOCK_V)
     k_mask, v_mask = dk < HEAD_K, dv < HEAD_V
+    length = tl.load(len_ptr + n)
+    if length == 0:  # a captured plan's spare chunk: no sequence's range reaches it
+        return
     first = tl.load(first_ptr + n)
-    row_mask = c < tl.load(len_ptr + n)
+    row_mask = c < length
     rows = (first + c).to(tl.int64)
     x_rows = x_ptr + rows[:, None] * stride_x
     q = tl.load(x_rows + kh * HEAD_K + dk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
@@ -207,17 +213,18 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
 
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
-               chunk_decay: torch.Tensor, initial: torch.Tensor, plan: ChunkPlan,
+               chunk_decay: torch.Tensor, states: torch.Tensor, plan: ChunkPlan,
                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     num_chunks, num_heads, chunk, head_k = w.shape
     head_v = u.shape[-1]
-    for x in (w, u, q, k, intra, chunk_decay, initial):
+    for x in (w, u, q, k, intra, chunk_decay):
         assert x.is_contiguous() and x.dtype == torch.float32
+    assert states.is_contiguous() and states.shape[1:] == (num_heads, head_k, head_v)
     assert u.shape == (num_chunks, num_heads, chunk, head_v) and intra.shape == (num_chunks, num_heads, chunk, chunk)
     assert chunk >= 16 and chunk == triton.next_power_of_2(chunk), "tl.dot needs a power-of-two chunk of >= 16"
-    num_seqs = initial.shape[0]
+    num_seqs = plan.reads.shape[0]
     out = u.new_empty(plan.token_pos.shape[0], num_heads, head_v, dtype=out_dtype or u.dtype)
-    saved = initial.new_empty(plan.num_rows, num_heads, head_k, head_v)
+    saved = u.new_empty(plan.num_rows, num_heads, head_k, head_v)
     if num_chunks == 0 or num_seqs == 0:
         return out, saved
     block_k = max(16, triton.next_power_of_2(head_k))
@@ -228,8 +235,8 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     while True:  # the deepest pipeline that fits the SM's shared memory (see SCAN_STAGES)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
-                w, u, q, k, intra, chunk_decay, initial, out, saved, plan.seq_chunks, plan.save_after,
-                plan.chunk_first, plan.chunk_len, num_heads,
+                w, u, q, k, intra, chunk_decay, states, plan.reads, plan.fresh.view(torch.uint8), out, saved,
+                plan.seq_chunks, plan.save_after, plan.chunk_first, plan.chunk_len, num_heads,
                 HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
                 num_warps=4, num_stages=stages,
             )
