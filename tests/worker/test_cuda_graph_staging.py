@@ -180,8 +180,8 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
         fns = dict(prepare=tri.gated_delta_chunk_prepare, scan=tri.gated_delta_chunk_scan,
                    windows=tri.gated_delta_conv_windows)
     states = [(conv_state.to(DEVICE).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
-    want = gd.gated_delta_prefill(mixed[:num_tokens], weight, g[:num_tokens], beta[:num_tokens], *states[0], own, hk,
-                                  **fns)
+    n = num_tokens
+    want = gd.gated_delta_prefill(mixed[:n], weight, g[:n], beta[:n], *states[0], own, hk, **fns)
     got = gd.gated_delta_prefill(mixed, weight, g, beta, *states[1], plan, hk, **fns)
     assert_close(got[:num_tokens], want, 1e-5)
     for (conv_a, ssm_a), (conv_b, ssm_b) in [(states[1], states[0])]:
