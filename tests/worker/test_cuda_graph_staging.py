@@ -146,7 +146,22 @@ def test_static_buffer_mixed_steps_equal_eager(name, hf_models, hybrid_models):
 
 
 def state_seq(n: int, read: int, write: int, snapshots=()) -> ScheduledSeq:
-    return ScheduledSeq(f"r{write}", [1] * n, 0, [], True, GREEDY, 0, [1] * n, [], [], StateStep(read, write, snapshots))
+    state = StateStep(read, write, snapshots)
+    return ScheduledSeq(f"r{write}", [1] * n, 0, [], True, GREEDY, 0, [1] * n, [], [], state)
+
+
+def test_static_chunk_plans_are_valid_before_the_first_step():
+    """Capture runs every graph's forward on the plans as they are before any step: each must be an empty plan
+    whose indices stay inside its buffers (a conv window reaching before the buffer's first row read out of
+    bounds on an H100)."""
+    width, scratch = 3, 9
+    plans = StaticChunkPlans({16: 5, 96: 17}, width, scratch, torch.device("cpu"), is_pinned=False)
+    for t, plan in plans.plans.items():
+        assert plan.token_cols.shape == (t,) and plan.token_cols.min() >= width
+        assert plan.token_cols.max() < plan.buffer_len and plan.state_cols.max() < plan.buffer_len
+        assert plan.seq_chunks.eq(0).all()  # no sequence runs a chunk
+        assert plan.save_slots.eq(scratch).all() and plan.save_rows.max() < plan.num_rows
+        assert plan.save_cols.max() < plan.buffer_len and plan.reads.min() >= 0
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])

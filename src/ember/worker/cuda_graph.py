@@ -75,7 +75,10 @@ class StaticChunkPlans:
                   "chunk_len": torch.int32, "fresh": torch.bool}
         self.dev = {k: torch.zeros(n, dtype=dtypes.get(k, torch.int64), device=device) for k, n in sizes.items()}
         self.host = {k: _host((n,), dtypes.get(k, torch.int64), is_pinned) for k, n in sizes.items()}
-        self.dev["save_slots"].fill_(scratch_slot)  # until the first step: captures save into the scratch slot
+        # until the first step, an empty plan for every t: no sequence has chunks, saves go to the scratch slot,
+        # and the conv reads whole windows (a token's buffer row is at least K - 1)
+        self.dev["save_slots"].fill_(scratch_slot)
+        self.dev["token_cols"].fill_(width)
         self.plans = {t: self._plan(t) for t in seqs}
 
     def _sizes(self, t: int) -> dict[str, int]:
