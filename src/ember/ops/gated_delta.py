@@ -49,10 +49,11 @@ class ChunkLayout:
     save_after: np.ndarray  # [N]
     chunk_first: np.ndarray  # [N]
     chunk_len: np.ndarray  # [N]
-    initial_rows: list[tuple[int, int]]
+    initial_saves: list[tuple[int, int]]
     save_slots: np.ndarray  # [M]
     save_rows: np.ndarray  # [M]
     save_cols: np.ndarray  # [M, width]
+    row_slots: np.ndarray  # [num_rows, K] the slots each saved row goes into, -1 past its own
     reads: np.ndarray  # [S] as given (-1: fresh)
     token_pos: np.ndarray  # [T]
     token_cols: np.ndarray  # [T]
@@ -66,8 +67,8 @@ class ChunkLayout:
     @classmethod
     def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
               snapshots: Sequence[tuple[tuple[int, int], ...]], width: int, chunk_size: int = 64) -> ChunkLayout:
-        seq_chunks, save_after, initial_rows, chunk_first, chunk_len = [0], [], [], [], []
-        save_slots, save_rows, save_cols, token_pos, token_cols = [], [], [], [], []
+        seq_chunks, save_after, initial_saves, chunk_first, chunk_len = [0], [], [], [], []
+        save_slots, save_rows, save_cols, token_pos, token_cols, row_slots = [], [], [], [], [], []
         num_rows = 0
         qsl = np.asarray(query_start_loc, dtype=np.int64)
         lengths = np.diff(qsl)
@@ -92,7 +93,8 @@ class ChunkLayout:
                 if pieces:
                     save_after[-1] = num_rows
                 else:
-                    initial_rows.append((num_rows, i))
+                    initial_saves.extend((slot, i) for slot in due[cut])
+                row_slots.append(due[cut])
                 for slot in due[cut]:
                     save_slots.append(slot)
                     save_rows.append(num_rows)
@@ -107,8 +109,12 @@ class ChunkLayout:
         def cat(parts):
             return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
+        slots_per_row = max(map(len, row_slots), default=1)
+        rows = np.full((num_rows, slots_per_row), -1, dtype=np.int64)
+        for r, slots in enumerate(row_slots):
+            rows[r, : len(slots)] = slots
         return cls(width, chunk_size, num_rows, arr(seq_chunks), arr(save_after), arr(chunk_first), arr(chunk_len),
-                   initial_rows, arr(save_slots), arr(save_rows), arr(save_cols, (0, width)), arr(read_slots),
+                   initial_saves, arr(save_slots), arr(save_rows), arr(save_cols, (0, width)), rows, arr(read_slots),
                    cat(token_pos), cat(token_cols), buffer_starts[:-1, None] + window, buffer_starts)
 
 
@@ -132,10 +138,12 @@ class ChunkPlan:
     seq_chunks: torch.Tensor  # the same, int32 on the device
     save_after_cpu: list[int]  # [N] saved row taking the state after this chunk, or -1
     save_after: torch.Tensor  # the same, int32 on the device
-    initial_rows: list[tuple[int, int]]  # (row, sequence): a cut before any token (offset 0) saves the start state
+    # (slot, sequence): a state due before the sequence's first token (a cut at offset 0) is its initial state
+    initial_saves: list[tuple[int, int]]
     save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct
     save_rows: torch.Tensor  # [M] int64 the saved row each slot copies
     save_cols: torch.Tensor  # [M, width] conv buffer rows of each slot's window
+    row_slots: torch.Tensor  # [num_rows, K] int64 the slots of each saved row (the scan writes them), -1 padding
     reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
     fresh: torch.Tensor  # [S, 1, 1] bool: starts from zeros (read < 0)
     token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token
@@ -160,7 +168,7 @@ class ChunkPlan:
 
         return cls(lay.chunk_size, lay.width, lay.num_chunks, lay.num_rows, lay.seq_chunks.tolist(),
                    dev(lay.seq_chunks, torch.int32), lay.save_after.tolist(), dev(lay.save_after, torch.int32),
-                   lay.initial_rows, dev(lay.save_slots), dev(lay.save_rows), dev(lay.save_cols),
+                   lay.initial_saves, dev(lay.save_slots), dev(lay.save_rows), dev(lay.save_cols), dev(lay.row_slots),
                    dev(np.maximum(lay.reads, 0)), dev(lay.reads < 0, torch.bool)[:, None, None], dev(lay.token_pos),
                    dev(lay.chunk_first, torch.int32), dev(lay.chunk_len, torch.int32), int(lay.buffer_starts[-1]),
                    lay.buffer_starts.tolist(), dev(lay.token_cols), dev(lay.state_cols))
@@ -208,19 +216,35 @@ def initial_states(states: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
     return states[plan.reads].float().masked_fill(plan.fresh[..., None], 0)
 
 
+def states_due_first(states: torch.Tensor, plan: ChunkPlan) -> list[tuple[int, torch.Tensor]]:
+    """(slot, state) of each state due before a sequence's first token (its initial state), read before a scan
+    writes any slot; write_states puts them in place after it."""
+    if not plan.initial_saves:
+        return []
+    initial = initial_states(states, plan)
+    return [(slot, initial[seq]) for slot, seq in plan.initial_saves]
+
+
+def write_states(states: torch.Tensor, due: list[tuple[int, torch.Tensor]]) -> None:
+    for slot, state in due:
+        states[slot] = state.to(states.dtype)
+
+
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
                chunk_decay: torch.Tensor, states: torch.Tensor, plan: ChunkPlan,
-               out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The sequential part of the chunked rule: each sequence's chunks in order, carrying its state.
 
     w (the decayed keys through the UT transform), q (decayed queries), k (keys decayed to the chunk end):
     [N, H, C, Dk]; u (the chunk's new values): [N, H, C, Dv]; intra (masked, decayed q k^T): [N, H, C, C];
     chunk_decay: [N, H]; states: [num_slots, H, Dk, Dv], each sequence's initial state read at plan.reads (zeros
-    where plan.fresh; computed in fp32). Returns ([T, H, Dv] the outputs in token order, in
-    out_dtype (default: u's), and [num_rows, H, Dk, Dv] the states after the chunks plan.save_after names).
-    Step i runs chunk i of every sequence that has one.
+    where plan.fresh; computed in fp32). Returns [T, H, Dv] the outputs in token order, in out_dtype (default: u's),
+    and writes the states due into their slots of `states`: the state after each chunk plan.save_after names into
+    its row's slots (plan.save_slots / save_rows), a sequence's initial state into slots due before its first token.
+    Every slot is read before any is written. Step i runs chunk i of every sequence that has one.
     """
     out = torch.empty_like(u)
+    due_first = states_due_first(states, plan)
     initial = initial_states(states, plan)
     saved = initial.new_empty(plan.num_rows, *initial.shape[1:])
     starts = plan.seq_chunks_cpu
@@ -239,7 +263,10 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
             if plan.save_after_cpu[c] >= 0:
                 saved[plan.save_after_cpu[c]] = h[j]
     out = out.transpose(1, 2).reshape(-1, *out.shape[1::2])[plan.token_pos]  # [N, H, C, Dv] -> [T, H, Dv]
-    return out.to(out_dtype or out.dtype), saved
+    if plan.save_slots.numel():  # rows of states due first are not written here: write_states overwrites them
+        states.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(states.dtype))
+    write_states(states, due_first)
+    return out.to(out_dtype or out.dtype)
 
 
 def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
@@ -290,14 +317,9 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     """
     num_v_heads, head_k, head_v = ssm_state.shape[1:]
     conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
-    out, saved = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), ssm_state, plan,
-                      out_dtype=mixed.dtype)
-    if plan.initial_rows:  # states due before a sequence's first token: its initial one
-        initial = initial_states(ssm_state, plan)
-        for row, seq in plan.initial_rows:
-            saved[row] = initial[seq]
+    out = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), ssm_state, plan,
+               out_dtype=mixed.dtype)
     if plan.save_slots.numel():
-        ssm_state.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(ssm_state.dtype))
         conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))
     return out
 

@@ -60,10 +60,11 @@ class StaticChunkPlans:
     """The chunk plans (ops.gated_delta.ChunkPlan) of the mixed graphs of a model with recurrent state, in static
     buffers. The graph of t tokens plans its seqs(t) sequence slots: the step's sequences, the padding sequence
     (fresh, writing the scratch slot) and empty ones; it has room for chunks(t) chunks, 2 cuts per slot (a
-    snapshot and the chunk's end) and 2 saves per slot, plus a row the scan never writes. A step's host layout
-    (ChunkLayout) is copied in padded: chunks past its own hold no tokens (no sequence's range reaches them; the
-    prepare kernel returns at once), saves past its own copy the unwritten row into the scratch slot. Steps that
-    need more chunks, or a state saved before their first token, run eagerly (fits)."""
+    snapshot and the chunk's end) of 2 slots each, and 2 conv saves per slot. A step's host layout (ChunkLayout)
+    is copied in padded: chunks past its own hold no tokens (no sequence's range reaches them; the prepare kernel
+    returns at once), rows past its own name no slot, conv saves past its own go into the scratch slot (on the
+    reference path the recurrent state too, from a row the scan never writes); the scan's programs of empty slots
+    return at once. Steps that need more chunks, or a state saved before their first token, run eagerly (fits)."""
 
     def __init__(self, seqs: dict[int, int], width: int, scratch_slot: int, device: torch.device,
                  is_pinned: bool, chunk_size: int = 64) -> None:
@@ -78,13 +79,14 @@ class StaticChunkPlans:
         # until the first step, an empty plan for every t: no sequence has chunks, saves go to the scratch slot,
         # and the conv reads whole windows (a token's buffer row is at least K - 1)
         self.dev["save_slots"].fill_(scratch_slot)
+        self.dev["row_slots"].fill_(-1)
         self.dev["token_cols"].fill_(width)
         self.plans = {t: self._plan(t) for t in seqs}
 
     def _sizes(self, t: int) -> dict[str, int]:
         s, n, w = self.seqs[t], self.chunks[t], self.width
         return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_rows": 2 * s,
-                "save_cols": 2 * s * w, "state_cols": s * w, "seq_chunks": s + 1, "save_after": n, "chunk_first": n,
+                "save_cols": 2 * s * w, "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1, "save_after": n, "chunk_first": n,
                 "chunk_len": n, "fresh": s}
 
     def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
@@ -95,7 +97,8 @@ class StaticChunkPlans:
         return ChunkPlan(
             self.chunk_size, w, n, 2 * s + 1, lay.seq_chunks.tolist() if lay else [0] * (s + 1), d["seq_chunks"],
             lay.save_after.tolist() + [-1] * (n - lay.num_chunks) if lay else [-1] * n, d["save_after"], [],
-            d["save_slots"], d["save_rows"], d["save_cols"].view(2 * s, w), d["reads"], d["fresh"].view(s, 1, 1),
+            d["save_slots"], d["save_rows"], d["save_cols"].view(2 * s, w), d["row_slots"].view(2 * s + 1, 2),
+            d["reads"], d["fresh"].view(s, 1, 1),
             d["token_pos"], d["chunk_first"], d["chunk_len"], s * w + t,
             lay.buffer_starts.tolist() if lay else list(range(0, (s + 1) * w, w)), d["token_cols"],
             d["state_cols"].view(s, w))
@@ -127,7 +130,7 @@ class StaticChunkPlans:
         lay = ChunkLayout.build([0, *itertools.accumulate(lens)], [s.state.read_slot for s in seqs] + fresh,
                                 [s.state.write_slot for s in seqs] + [self.scratch_slot] * (empty + 1),
                                 [s.state.snapshots for s in seqs] + [()] * (empty + 1), w, self.chunk_size)
-        assert lay.num_chunks <= n_max and not lay.initial_rows, "staged a step that does not fit (fits)"
+        assert lay.num_chunks <= n_max and not lay.initial_saves, "staged a step that does not fit (fits)"
         h = {k: v.numpy() for k, v in self.host.items()}
         h["token_pos"][:t], h["token_cols"][:t] = lay.token_pos, lay.token_cols
         h["reads"][:s_max], h["fresh"][:s_max] = np.maximum(lay.reads, 0), lay.reads < 0
@@ -140,6 +143,9 @@ class StaticChunkPlans:
         h["save_slots"][:m], h["save_slots"][m: 2 * s_max] = lay.save_slots, self.scratch_slot
         h["save_rows"][:m], h["save_rows"][m: 2 * s_max] = lay.save_rows, 2 * s_max  # the row never written
         h["save_cols"][: m * w], h["save_cols"][m * w: 2 * s_max * w] = lay.save_cols.ravel(), 0
+        row_slots = h["row_slots"][: 2 * (2 * s_max + 1)].reshape(-1, 2)
+        row_slots[:] = -1  # rows past the step's own (and a second slot where a row has one) take no state
+        row_slots[: lay.num_rows, : lay.row_slots.shape[1]] = lay.row_slots
         return self._plan(t, lay), [(self.dev[k][:size], self.host[k][:size]) for k, size in self._sizes(t).items()]
 
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from ember.ops.gated_delta import ChunkPlan
+from ember.ops.gated_delta import ChunkPlan, states_due_first, write_states
 
 # the dots' input precision: "tf32x3" (three tf32 tensor-core products per fp32 one: the error of fp32, ~3e-7 at
 # qwen3_5-default's shape), "tf32" (one: ~7.7e-4, not growing over 128 chunks) or "ieee" (fp32 FMA; on an H100
@@ -86,11 +86,15 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 
 
 @triton.jit
-def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, reads_ptr, fresh_ptr, out_ptr, saved_ptr,
-                       starts_ptr, save_ptr, first_ptr, len_ptr, num_heads,
+def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, states_ptr, reads_ptr, fresh_ptr, out_ptr,
+                       starts_ptr, save_ptr, row_slots_ptr, first_ptr, len_ptr, num_heads,
                        HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_V: tl.constexpr, PRECISION: tl.constexpr):
+                       BLOCK_V: tl.constexpr, ROW_SLOTS: tl.constexpr, PRECISION: tl.constexpr):
     seq = tl.program_id(0)
+    first = tl.load(starts_ptr + seq)
+    last = tl.load(starts_ptr + seq + 1)
+    if first == last:  # no tokens this step (a captured plan's empty slot): the state stays where it is
+        return
     head = tl.program_id(1)
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -99,11 +103,9 @@ def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, rea
     state_tile = dk[:, None] * HEAD_V + dv[None, :]
     state_mask = k_mask[:, None] & v_mask[None, :]
     slot = tl.load(reads_ptr + seq)  # the sequence's initial state: its read slot, or zeros where fresh
-    h = tl.load(h0_ptr + (slot * num_heads + head) * HEAD_K * HEAD_V + state_tile, mask=state_mask,
+    h = tl.load(states_ptr + (slot * num_heads + head) * HEAD_K * HEAD_V + state_tile, mask=state_mask,
                 other=0.0).to(tl.float32)
     h = tl.where(tl.load(fresh_ptr + seq) != 0, 0.0, h)
-    first = tl.load(starts_ptr + seq)
-    last = tl.load(starts_ptr + seq + 1)
     for n in range(first, last):
         base = (n * num_heads + head).to(tl.int64) * CHUNK  # row of this chunk's first token in [N, H, C, ...]
         rows_k = (base + c[:, None]) * HEAD_K + dk[None, :]
@@ -121,9 +123,12 @@ def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, h0_ptr, rea
         decay = tl.load(decay_ptr + n * num_heads + head)
         h = h * decay + tl.dot(tl.trans(k), v_new, input_precision=PRECISION)
         row = tl.load(save_ptr + n)
-        if row >= 0:
-            tl.store(saved_ptr + (row * num_heads + head).to(tl.int64) * HEAD_K * HEAD_V + state_tile, h,
-                     mask=state_mask)
+        if row >= 0:  # the state after this chunk is due: into each slot of its row (read by no other program)
+            for j in tl.static_range(ROW_SLOTS):
+                dst = tl.load(row_slots_ptr + row * ROW_SLOTS + j)
+                if dst >= 0:
+                    tl.store(states_ptr + (dst * num_heads + head) * HEAD_K * HEAD_V + state_tile,
+                             h.to(states_ptr.dtype.element_ty), mask=state_mask)
 
 
 @triton.jit
@@ -214,7 +219,7 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
 
 def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tensor, intra: torch.Tensor,
                chunk_decay: torch.Tensor, states: torch.Tensor, plan: ChunkPlan,
-               out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     num_chunks, num_heads, chunk, head_k = w.shape
     head_v = u.shape[-1]
     for x in (w, u, q, k, intra, chunk_decay):
@@ -224,9 +229,9 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     assert chunk >= 16 and chunk == triton.next_power_of_2(chunk), "tl.dot needs a power-of-two chunk of >= 16"
     num_seqs = plan.reads.shape[0]
     out = u.new_empty(plan.token_pos.shape[0], num_heads, head_v, dtype=out_dtype or u.dtype)
-    saved = u.new_empty(plan.num_rows, num_heads, head_k, head_v)
     if num_chunks == 0 or num_seqs == 0:
-        return out, saved
+        return out
+    due_first = states_due_first(states, plan)  # read before the kernel writes any slot
     block_k = max(16, triton.next_power_of_2(head_k))
     block_v = min(SCAN_BLOCK_V or 32, max(16, triton.next_power_of_2(head_v)))
     precision = _precision(torch.float32)
@@ -235,9 +240,10 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     while True:  # the deepest pipeline that fits the SM's shared memory (see SCAN_STAGES)
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
-                w, u, q, k, intra, chunk_decay, states, plan.reads, plan.fresh.view(torch.uint8), out, saved,
-                plan.seq_chunks, plan.save_after, plan.chunk_first, plan.chunk_len, num_heads,
-                HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PRECISION=precision,
+                w, u, q, k, intra, chunk_decay, states, plan.reads, plan.fresh.view(torch.uint8), out,
+                plan.seq_chunks, plan.save_after, plan.row_slots, plan.chunk_first, plan.chunk_len, num_heads,
+                HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v,
+                ROW_SLOTS=plan.row_slots.shape[1], PRECISION=precision,
                 num_warps=4, num_stages=stages,
             )
             break
@@ -246,4 +252,5 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
                 raise
             stages -= 1
     _scan_stages[key] = stages
-    return out, saved
+    write_states(states, due_first)
+    return out
