@@ -1,7 +1,7 @@
 """Plots the time to the first token at batch 1 before and after the mixed-step CUDA graphs (benchmarks/NOTES-gpu.md,
-v20; one H100, both in one call) from the committed results of benchmarks/first_token.py: per shape, the wall time
-of generate(max_tokens=1) by prompt length, eager prefill steps against graphed ones, with the device time of the
-graphed step.
+v20 for qwen3-0.6b / qwen3-8b, v21 for qwen3_5-default; each pair from one H100 in one call) from the committed
+results of benchmarks/first_token.py: per shape, the wall time of generate(max_tokens=1) by prompt length, eager
+prefill steps against graphed ones, with the device time of the graphed step.
 
     python benchmarks/plot_first_token.py [--out benchmarks/results/2026-12-06-h100-first-token.png]
 """
@@ -12,8 +12,11 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-RUNS = {"eager prefill (session 25)": "2026-12-06-h100-first_token-v20b-old.json",
-        "mixed-step graphs": "2026-12-06-h100-first_token-v20b-new.json"}
+# label: the result files it is read from (shapes from one or the other)
+RUNS = {"eager prefill": ["2026-12-06-h100-first_token-v20b-old.json",
+                          "2026-12-06-h100-first_token-v21-qwen3_5-eager.json"],
+        "mixed-step graphs": ["2026-12-06-h100-first_token-v20b-new.json",
+                              "2026-12-06-h100-first_token-v21-qwen3_5-graphs.json"]}
 
 
 def main() -> None:
@@ -25,7 +28,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {label: json.loads((RESULTS / name).read_text()) for label, name in RUNS.items()}
+    runs = {label: [r for name in names for r in json.loads((RESULTS / name).read_text())]
+            for label, names in RUNS.items()}
     shapes = list(dict.fromkeys(r["shape"] for rows in runs.values() for r in rows))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4))
     for ax, shape in zip(axes, shapes):
@@ -41,7 +45,8 @@ def main() -> None:
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(lens))], [f"{n} tokens" for n in lens])
         ax.set_ylabel("ms to the first token (batch 1)")
         ax.set_title(f"{shape}, H100")
-        ax.legend(fontsize=8)
+        ax.margins(y=0.3)  # room for the legend above the bars
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(args.out)
