@@ -120,7 +120,6 @@ class ChunkLayout:
 
 @dataclass(slots=True)
 class ChunkPlan:
-
     """Where one prefill step's tokens go in the batched (varlen) chunked form; built on the host once per step
     and shared by the step's Gated DeltaNet layers.
 

@@ -86,8 +86,8 @@ class StaticChunkPlans:
     def _sizes(self, t: int) -> dict[str, int]:
         s, n, w = self.seqs[t], self.chunks[t], self.width
         return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_rows": 2 * s,
-                "save_cols": 2 * s * w, "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1, "save_after": n, "chunk_first": n,
-                "chunk_len": n, "fresh": s}
+                "save_cols": 2 * s * w, "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1,
+                "save_after": n, "chunk_first": n, "chunk_len": n, "fresh": s}
 
     def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
         """Graph t's plan over the static buffers; its host lists from lay (use_graphs=False: the reference ops
@@ -105,7 +105,7 @@ class StaticChunkPlans:
 
     def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
         """Whether the step's layout fits graph t's plan: chunks within chunks(t), at most 2 cuts and saves per
-        sequence, no state due before a sequence's first token (the eager path copies those rows on the host)."""
+        sequence, no state due before a sequence's first token (the scan writes those after it, from host lists)."""
         if len(seqs) >= self.seqs[t]:
             return False
         size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
