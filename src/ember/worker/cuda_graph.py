@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -46,7 +47,7 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 # sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans): each slot's initial state is
 # gathered whether it runs or not (qwen3_5-default: 2 MB per slot and layer), and the chunks grow with the slots
-STATE_MIXED_SEQS = 16
+STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "16"))
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]

@@ -232,19 +232,7 @@ class ModelRunner:
         Both run eagerly, as steps too large for the mixed-step graphs do.
         Every token writes its KV into the reserved scratch block 0 and its recurrent state into the scratch slot;
         the sampled ids are dropped, so the pool, the state slots and the next step's inputs are as before."""
-        from ember.sampling_params import SamplingParams
-
-        c, bs = self.cache_cfg, self.block_size
-        scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
-        params = SamplingParams(temperature=0.0, max_tokens=1)
-
-        def seq(i: int, n: int, start: int) -> ScheduledSeq:
-            blocks = [0] * -(-(start + n) // bs)
-            state = None if scratch is None else StateStep(read_slot=-1 if start == 0 else scratch, write_slot=scratch)
-            groups = [blocks] * (len(self.kv_groups) - 1) if len(self.kv_groups) > 1 else None
-            return ScheduledSeq(f"warm-up-{i}", [0] * n, start, blocks, True, params, 0, [0] * (start + n), [], [],
-                                state, groups)
-
+        c, seq = self.cache_cfg, self.scratch_seq
         budget, max_len = c.max_num_batched_tokens, self.model_cfg.max_model_len
         num_decodes = max(0, min(MIXED_STEP_DECODES, c.max_num_seqs - 1, budget - 1, max_len - 32))
         prompt = seq(num_decodes, min(64, budget - num_decodes, max_len), 0)
@@ -254,6 +242,19 @@ class ModelRunner:
         for seqs in steps:  # eager (graphs would take these); result() waits for the step's sampled ids
             self._launch_eager(SchedulerOutput(seqs, sum(len(s.token_ids) for s in seqs), [])).result()
         self._last_token_ids, self._last_req_ids = None, []
+
+    def scratch_seq(self, i: int, n: int, start: int) -> ScheduledSeq:
+        """A greedy sequence of n tokens (id 0) from position start whose KV goes into the scratch block 0 of every
+        KV group and whose recurrent state goes into the scratch slot (read from it unless start is 0): the start-up
+        warm-up's steps and benchmarks/mixed_step.py's, which leave the pool and the state slots as they were."""
+        from ember.sampling_params import SamplingParams
+
+        blocks = [0] * -(-(start + n) // self.block_size)
+        scratch = self.state_cache.scratch_slot if self.state_cache.layers else None
+        state = None if scratch is None else StateStep(read_slot=-1 if start == 0 else scratch, write_slot=scratch)
+        groups = [blocks] * (len(self.kv_groups) - 1) if len(self.kv_groups) > 1 else None
+        return ScheduledSeq(f"scratch-{i}", [0] * n, start, blocks, True, SamplingParams(temperature=0.0, max_tokens=1),
+                            0, [0] * (start + n), [], [], state, groups)
 
     def make_graph_runner(self, max_num_seqs: int, use_graphs: bool = True,
                           token_sizes: tuple[int, ...] | None = None) -> CudaGraphRunner:
