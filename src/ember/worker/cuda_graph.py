@@ -45,9 +45,11 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
 # 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
 GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans): each slot's initial state is
-# gathered whether it runs or not (qwen3_5-default: 2 MB per slot and layer), and the chunks grow with the slots
-STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "16"))
+# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS): every
+# slot adds a chunk of room (qwen3_5-default: 4.7 MB of the prepare kernel's outputs) and a wave of scan programs
+# that return at once. On an H100 64 rather than 16 cost a lone 128-token prompt 0.1 ms and took a step of 31
+# decodes and a 128-token prompt from 58 ms (eager: it did not fit 16) to 28 (benchmarks/mixed_step.py, NOTES v21)
+STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "64"))
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
