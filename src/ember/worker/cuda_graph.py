@@ -61,7 +61,7 @@ def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.
 
 class StaticChunkPlans:
     """The chunk plans (ops.gated_delta.ChunkPlan) of the mixed graphs of a model with recurrent state, in static
-    buffers. The graph of t tokens plans its seqs(t) sequence slots: the step's sequences, the padding sequence
+    buffers. The graph of t tokens plans its slots(t) sequence slots: the step's sequences, the padding sequence
     (fresh, writing the scratch slot) and empty ones; it has room for chunks(t) chunks, 2 cuts per slot (a
     snapshot and the chunk's end) of 2 slots each, and 2 conv saves per slot. A step's host layout (ChunkLayout)
     is copied in padded: chunks past its own hold no tokens (no sequence's range reaches them; the prepare kernel
@@ -69,12 +69,12 @@ class StaticChunkPlans:
     reference path the recurrent state too, from a row the scan never writes); the scan's programs of empty slots
     return at once. Steps that need more chunks, or a state saved before their first token, run eagerly (fits)."""
 
-    def __init__(self, seqs: dict[int, int], width: int, scratch_slot: int, device: torch.device,
+    def __init__(self, slots: dict[int, int], width: int, scratch_slot: int, device: torch.device,
                  is_pinned: bool, chunk_size: int = 64) -> None:
         self.width, self.scratch_slot, self.chunk_size = width, scratch_slot, chunk_size
-        self.seqs = seqs
-        self.chunks = {t: -(-t // chunk_size) + s + 2 for t, s in seqs.items()}
-        sizes = {k: max(self._sizes(t)[k] for t in seqs) for k in self._sizes(max(seqs))}
+        self.slots = slots  # per token count, the padding sequence's slot counted
+        self.chunks = {t: -(-t // chunk_size) + s + 2 for t, s in slots.items()}
+        sizes = {k: max(self._sizes(t)[k] for t in slots) for k in self._sizes(max(slots))}
         dtypes = {"seq_chunks": torch.int32, "save_after": torch.int32, "chunk_first": torch.int32,
                   "chunk_len": torch.int32, "fresh": torch.bool}
         self.dev = {k: torch.zeros(n, dtype=dtypes.get(k, torch.int64), device=device) for k, n in sizes.items()}
@@ -84,10 +84,10 @@ class StaticChunkPlans:
         self.dev["save_slots"].fill_(scratch_slot)
         self.dev["row_slots"].fill_(-1)
         self.dev["token_cols"].fill_(width)
-        self.plans = {t: self._plan(t) for t in seqs}
+        self.plans = {t: self._plan(t) for t in slots}
 
     def _sizes(self, t: int) -> dict[str, int]:
-        s, n, w = self.seqs[t], self.chunks[t], self.width
+        s, n, w = self.slots[t], self.chunks[t], self.width
         return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_rows": 2 * s,
                 "save_cols": 2 * s * w, "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1,
                 "save_after": n, "chunk_first": n, "chunk_len": n, "fresh": s}
@@ -95,7 +95,7 @@ class StaticChunkPlans:
     def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
         """Graph t's plan over the static buffers; its host lists from lay (use_graphs=False: the reference ops
         loop over them) or, captured, of the right length only."""
-        s, n, w = self.seqs[t], self.chunks[t], self.width
+        s, n, w = self.slots[t], self.chunks[t], self.width
         d = {k: self.dev[k][:size] for k, size in self._sizes(t).items()}
         return ChunkPlan(
             self.chunk_size, w, n, 2 * s + 1, lay.seq_chunks.tolist() if lay else [0] * (s + 1), d["seq_chunks"],
@@ -109,7 +109,7 @@ class StaticChunkPlans:
     def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
         """Whether the step's layout fits graph t's plan: chunks within chunks(t), at most 2 cuts and saves per
         sequence, no state due before a sequence's first token (the scan writes those after it, from host lists)."""
-        if len(seqs) >= self.seqs[t]:
+        if len(seqs) >= self.slots[t]:
             return False
         size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
         chunks = -(-pad // size)
@@ -125,7 +125,7 @@ class StaticChunkPlans:
     def stage(self, seqs: list[ScheduledSeq], t: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Writes the step's layout (fits) into the host buffers; returns graph t's plan (with the step's host
         lists) and the (device, host) pairs to copy."""
-        s_max, n_max, w = self.seqs[t], self.chunks[t], self.width
+        s_max, n_max, w = self.slots[t], self.chunks[t], self.width
         n, num_tokens = len(seqs), sum(len(s.token_ids) for s in seqs)
         empty = s_max - n - 1
         lens = [len(s.token_ids) for s in seqs] + [t - num_tokens] + [0] * empty

@@ -272,7 +272,7 @@ class ModelRunner:
     def mixed_token_sizes(self, max_blocks: int) -> tuple[int, ...]:
         """Token counts of the mixed-step graphs: GRAPH_TOKEN_SIZES within the token budget and the block tables'
         width, below the length from which a sequence's prefill goes to flash attention (a captured step cannot
-        route by length), the last one raised to that limit. None with EMBER_MIXED_GRAPHS=0."""
+        route by length), the last one raised to that limit; none with EMBER_MIXED_GRAPHS=0."""
         if os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
             return ()
         limit = min(self.cache_cfg.max_num_batched_tokens, max_blocks * self.block_size, GRAPH_TOKEN_SIZES[-1])
