@@ -80,12 +80,16 @@ def _signature(fn: JITFunction, arguments: dict) -> tuple[dict, dict]:
 
 def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16, precisions=None,
                     block_vs=(16, 32, 64)):
-    """The prefill kernels at each dot precision and scan Dv slice (default: every one the benchmark sweeps)."""
-    tokens, conv_dim = seqs * length, 2 * HK * DK + HV * DV
+    """The prefill kernels at each dot precision and scan Dv slice (default: every one the benchmark sweeps), and
+    the delta rule step of two one-token sequences (a mixed step's decode rows) among them."""
+    tokens, conv_dim = seqs * length + 2, 2 * HK * DK + HV * DV
     x = torch.zeros(tokens, conv_dim, dtype=dtype)
     g, beta = torch.zeros(tokens, HV), torch.zeros(tokens, HV, dtype=dtype)
-    plan = gd.ChunkPlan.build([i * length for i in range(seqs + 1)], [-1] * seqs, list(range(seqs)),
-                              [()] * seqs, KERNEL - 1, torch.device("cpu"), chunk_size=CHUNK)
+    plan = gd.ChunkPlan.build([i * length for i in range(seqs + 1)] + [tokens - 1, tokens], [-1] * (seqs + 2),
+                              list(range(seqs + 2)), [()] * seqs + [(), ((1, seqs + 2),)], KERNEL - 1,
+                              torch.device("cpu"), chunk_size=CHUNK)
+    states = torch.zeros(seqs + 3, HV, DK, DV)
+    gated_delta.step_rows(x, g, beta, states, plan, torch.zeros(tokens, HV, DV, dtype=dtype))
     weight = torch.zeros(conv_dim, KERNEL, dtype=dtype)
     gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=dtype), weight, plan, dtype)
     f32 = dict(dtype=torch.float32)
@@ -98,7 +102,7 @@ def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16,
         gated_delta_prefill.chunk_prepare(x, g, beta, plan, HK, DK, DV)
         for block_v in block_vs:
             gated_delta_prefill.SCAN_BLOCK_V = block_v
-            gated_delta_prefill.chunk_scan(w, u, q, k, intra, decay, torch.zeros(seqs, HV, DK, DV), plan)
+            gated_delta_prefill.chunk_scan(w, u, q, k, intra, decay, states, plan)
     gated_delta_prefill.PRECISION, gated_delta_prefill.SCAN_BLOCK_V = default, 0
 
 

@@ -63,6 +63,10 @@ CASES = [
     ([64, 65, 1], [-1, 3, 4], [2, 3, 5], [(), ((64, 7),), ()]),  # a chunk boundary, read == write
     ([130, 7, 0, 40], [1, -1, 9, 6], [0, 2, 9, 4], [((100, 8),), ((7, 10),), (), ((0, 11),)]),  # end, start, none
     ([200], [2], [1], [((64, 5),)]),
+    # a mixed step: decode rows (one token, read == write, a snapshot after it, fresh) through the recurrent step,
+    # beside a prompt and a one-token sequence whose state is due before its token (a chunk takes that one)
+    ([1, 70, 1, 1, 1], [3, -1, -1, 6, 9], [3, 0, 1, 2, 9], [((1, 7),), (), (), ((0, 8),), ()]),
+    ([1, 1], [2, -1], [2, 4], [(), ((1, 5),)]),  # every sequence one token: no chunk at all
 ]
 
 
@@ -125,7 +129,7 @@ def test_chunk_plan_layout():
     # sequence 0: pieces [0, 64) -> 1 chunk, [64, 70) -> 1, [70, 100) -> 1; sequence 1: [0, 3) -> 1
     assert plan.seq_chunks_cpu == [0, 3, 4]
     assert plan.save_after_cpu == [0, 1, 2, 3]
-    assert plan.save_slots.tolist() == [5, 6, 0, 7, 1] and plan.save_rows.tolist() == [0, 1, 2, 3, 3]
+    assert plan.save_slots.tolist() == [5, 6, 0, 7, 1] and plan.row_slots.tolist() == [[5, -1], [6, -1], [0, -1], [7, 1]]
     assert plan.token_pos[:64].tolist() == list(range(64))
     assert plan.token_pos[64:70].tolist() == list(range(64, 70)) and plan.token_pos[70:100].tolist() == list(
         range(128, 158))
@@ -136,16 +140,32 @@ def test_chunk_plan_layout():
     assert plan.save_cols[0].tolist() == [64, 65, 66] and plan.save_cols[3].tolist() == [106, 107, 108]
     assert plan.buffer_len == 109 and plan.fresh.flatten().tolist() == [True, False]
     assert plan.buffer_starts_cpu == [0, 103, 109]
+    assert plan.step_rows.numel() == 0
+
+
+def test_chunk_plan_one_token_sequences_take_the_recurrent_step():
+    """Decode rows (one token, states due only after it) get no chunk and no saved row: the recurrent step takes
+    them (step_rows), with every slot due; their conv windows are saved as any sequence's. A one-token sequence with
+    a state due before its token stays a chunk."""
+    plan = gd.ChunkPlan.build([0, 1, 41, 42, 43], [3, -1, 5, 6], [3, 0, 1, 2], [((1, 7),), (), (), ((0, 8),)], 3,
+                              torch.device("cpu"), chunk_size=64)
+    assert plan.seq_chunks_cpu == [0, 0, 1, 1, 2] and plan.chunk_first.tolist() == [1, 42]
+    assert plan.step_rows.tolist() == [0, 41] and plan.step_reads.tolist() == [3, 5]
+    assert plan.step_slots.tolist() == [[7, 3], [1, -1]]
+    assert plan.token_pos.tolist() == [-1, *range(40), -1, 64]
+    assert plan.row_slots.tolist() == [[0], [8], [2]]  # the prompt's end; the last one's start and end
+    assert plan.save_slots.tolist() == [7, 3, 0, 1, 8, 2]  # conv windows: every state due
+    assert plan.save_cols[:2].tolist() == [[1, 2, 3]] * 2 and plan.save_cols[3].tolist() == [48, 49, 50]
 
 
 @pytest.mark.parametrize("lengths,reads,writes,snapshots,kernels,block_v",
-                         [(*case, kernels, 0) for case in CASES[1:3]
-                          for kernels in ("prepare", "scan", "conv", "all")]
+                         [(*case, kernels, 0) for case in (CASES[1], CASES[2], CASES[4])
+                          for kernels in ("prepare", "scan", "conv", "step", "all")] + [(*CASES[5], "all", 0)]
                          + [(*CASES[2], "scan", 16), (*CASES[2], "scan", 64)])
 def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots, kernels, block_v, monkeypatch):
-    """The Triton prepare, scan and conv-window kernels, each alone and all three, in place of the torch parts of
-    the prefill; the scan with its default Dv slice (32: two programs over Dv = 40), and 16 (three) and 64 (one,
-    masked)."""
+    """The Triton prepare, scan, conv-window and delta rule step kernels, each alone and all four, in place of the
+    torch parts of the prefill; the scan with its default Dv slice (32: two programs over Dv = 40), and 16 (three)
+    and 64 (one, masked)."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
     from ember.ops.triton import gated_delta_prefill as tri_prefill
@@ -162,21 +182,23 @@ def test_triton_chunk_kernels_match_reference(lengths, reads, writes, snapshots,
     prepare = tri.gated_delta_chunk_prepare if kernels in ("prepare", "all") else gd.chunk_prepare
     scan = tri.gated_delta_chunk_scan if kernels in ("scan", "all") else gd.chunk_scan
     windows = tri.gated_delta_conv_windows if kernels in ("conv", "all") else gd.conv_windows
+    step = tri.gated_delta_step_rows if kernels in ("step", "all") else gd.step_rows
     want = gd.gated_delta_prefill(*args, *states[0], plan, hk)
-    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan, windows=windows)
+    out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=prepare, scan=scan, windows=windows, step=step)
     assert_close(out, want, 1e-5)
     assert_close(states[1][1], states[0][1], 1e-5)
     assert torch.equal(states[1][0], states[0][0])
 
 
+@pytest.mark.parametrize("case", [2, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_prefill_in_model_dtype(dtype):
-    """All three kernels with the model's activations in `dtype` (on CUDA also bf16, where the prepare kernel's
+def test_triton_prefill_in_model_dtype(dtype, case):
+    """All four kernels with the model's activations in `dtype` (on CUDA also bf16, where the prepare kernel's
     dots run in tf32) against the torch parts on the same inputs (which compute in float32)."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
     hk, hv, dk, dv, kernel = 2, 4, 32, 64, 4
-    lengths, reads, writes, snapshots = CASES[2]
+    lengths, reads, writes, snapshots = CASES[case]
     weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=8)
     mixed, g, beta = make_tokens(sum(lengths), weight.shape[0], hv, seed=9)
     starts = [0]
@@ -187,7 +209,8 @@ def test_triton_prefill_in_model_dtype(dtype):
     states = [(conv_state.to(DEVICE, dtype).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
     want = gd.gated_delta_prefill(*args, *states[0], plan, hk)
     out = gd.gated_delta_prefill(*args, *states[1], plan, hk, prepare=tri.gated_delta_chunk_prepare,
-                                 scan=tri.gated_delta_chunk_scan, windows=tri.gated_delta_conv_windows)
+                                 scan=tri.gated_delta_chunk_scan, windows=tri.gated_delta_conv_windows,
+                                 step=tri.gated_delta_step_rows)
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert_close(out, want, tol)

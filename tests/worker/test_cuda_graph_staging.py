@@ -160,31 +160,33 @@ def test_static_chunk_plans_are_valid_before_the_first_step():
         assert plan.token_cols.shape == (t,) and plan.token_cols.min() >= width
         assert plan.token_cols.max() < plan.buffer_len and plan.state_cols.max() < plan.buffer_len
         assert plan.seq_chunks.eq(0).all()  # no sequence runs a chunk
-        assert plan.save_slots.eq(scratch).all() and plan.save_rows.max() < plan.num_rows
+        assert plan.save_slots.eq(scratch).all() and plan.row_slots.eq(-1).all() and plan.step_rows.eq(-1).all()
         assert plan.save_cols.max() < plan.buffer_len and plan.reads.min() >= 0
 
 
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_static_chunk_plan_equals_the_steps_own(kernels):
-    """A mixed step's sequences (a decode taking a snapshot after its token, a fresh prompt chunk with a snapshot
-    inside, a continued chunk) through graph t's static plan, padded to t with the padding sequence and empty
-    slots, give the outputs and slot states of their own ChunkPlan; the Triton kernels (interpreted on CPU)
-    skip the plan's spare chunks. Steps that do not fit the plan are refused."""
+    """A mixed step's sequences (decodes, one taking a snapshot after its token, a fresh prompt chunk with a
+    snapshot inside, a continued chunk) through graph t's static plan, padded to t with the padding sequence and
+    empty slots, give the outputs and slot states of their own ChunkPlan; the Triton kernels (interpreted on CPU)
+    skip the plan's spare chunks and recurrent steps. Steps that do not fit the plan are refused."""
     from tests.ops.kernel_checks import DEVICE, TRITON_MIN_VERSION, assert_close
     from tests.ops.test_gated_delta_prefill import NUM_SLOTS, make_layer, make_tokens
 
     hk, hv, dk, dv, kernel, t = 2, 4, 16, 16, 4, 96
     scratch = NUM_SLOTS - 1
-    seqs = [state_seq(1, 2, 2, ((1, 7),)), state_seq(70, -1, 3, ((48, 8),)), state_seq(20, 4, 4)]
+    seqs = [state_seq(1, 2, 2, ((1, 7),)), state_seq(70, -1, 3, ((48, 8),)), state_seq(20, 4, 4), state_seq(1, 5, 5),
+            state_seq(1, -1, 6)]
     plans = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False)
     assert plans.fits(seqs, t)
     plan, copies = plans.stage(seqs, t)
     for dst, src in copies:
         dst.copy_(src)
     assert plan.num_chunks == plans.chunks[t] == 2 + 6 + 2
-    num_tokens = 91
-    own = gd.ChunkPlan.build([0, 1, 71, 91], [2, -1, 4], [2, 3, 4], [((1, 7),), ((48, 8),), ()], kernel - 1,
-                             torch.device(DEVICE))
+    assert plan.step_rows.tolist() == [0, 91, 92, -1, -1, -1]  # the decodes; the padding sequence has 3 tokens
+    num_tokens = 93
+    own = gd.ChunkPlan.build([0, 1, 71, 91, 92, 93], [2, -1, 4, 5, -1], [2, 3, 4, 5, 6],
+                             [((1, 7),), ((48, 8),), (), (), ()], kernel - 1, torch.device(DEVICE))
     weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=11)
     mixed, g, beta = (x.to(DEVICE) for x in make_tokens(t, weight.shape[0], hv, seed=12))
     weight = weight.to(DEVICE)
@@ -193,7 +195,7 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
         pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
         from ember.ops import triton as tri
         fns = dict(prepare=tri.gated_delta_chunk_prepare, scan=tri.gated_delta_chunk_scan,
-                   windows=tri.gated_delta_conv_windows)
+                   windows=tri.gated_delta_conv_windows, step=tri.gated_delta_step_rows)
     states = [(conv_state.to(DEVICE).clone(), ssm_state.to(DEVICE).clone()) for _ in range(2)]
     n = num_tokens
     want = gd.gated_delta_prefill(mixed[:n], weight, g[:n], beta[:n], *states[0], own, hk, **fns)
@@ -204,9 +206,11 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
         assert torch.equal(conv_a[:scratch], conv_b[:scratch])
     assert not torch.equal(states[1][1][7], ssm_state.to(DEVICE)[7])  # the snapshots were taken
 
-    assert not plans.fits(seqs + [state_seq(1, 5, 5)] * 3, t)  # 6 sequences: no slot left for the padding
+    assert not plans.fits(seqs + [state_seq(1, 9, 9)], t)  # 6 sequences: no slot left for the padding
     assert not plans.fits([state_seq(4, 2, 2, ((0, 7),))], t)  # a state due before the first token
     assert not plans.fits([state_seq(30, 2, 2, ((10, 7), (20, 8)))], t)  # two snapshots in one chunk
-    assert not plans.fits([state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)], t)  # 2 x 5 + 1 chunks > 10
+    assert not plans.fits([state_seq(18, -1, i, ((3, 6 + i),)) for i in range(5)], t)  # 2 x 5 + 1 chunks > 10
+    # a padding sequence of one token is a recurrent step, not a chunk
+    assert plans.fits([state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)], t)
 
 

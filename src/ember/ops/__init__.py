@@ -54,6 +54,7 @@ gated_delta_decode = _select("gated_delta_decode", gated_delta.gated_delta_decod
 gated_delta_chunk_prepare = _select("gated_delta_chunk_prepare", gated_delta.chunk_prepare)
 gated_delta_chunk_scan = _select("gated_delta_chunk_scan", gated_delta.chunk_scan)
 gated_delta_conv_windows = _select("gated_delta_conv_windows", gated_delta.conv_windows)
+gated_delta_step_rows = _select("gated_delta_step_rows", gated_delta.step_rows)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 act_mul_linear = _select("act_mul_linear", gemm.act_mul_linear)
@@ -63,9 +64,9 @@ rms_norm_add_linear = _select("rms_norm_add_linear", gemm.rms_norm_add_linear)
 row_argmax = _select("row_argmax", reduce.row_argmax)
 
 __all__ = ["act_mul", "act_mul_linear", "add_rms_norm", "apply_rotary", "gated_delta_chunk_prepare",
-           "gated_delta_chunk_scan", "gated_delta_conv_windows", "gated_delta_decode", "gated_linear",
-           "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear", "paged_attention", "prepare_qkv",
-           "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_add_linear", "rms_norm_add_rms_norm",
+           "gated_delta_chunk_scan", "gated_delta_conv_windows", "gated_delta_decode", "gated_delta_step_rows",
+           "gated_linear", "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear", "paged_attention",
+           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_add_linear", "rms_norm_add_rms_norm",
            "rms_norm_linear", "row_argmax", "triton_enabled", "write_kv"]
 
 if SKIPPED - set(__all__):

@@ -9,7 +9,7 @@ Per head, with state S [Dk, Dv], decay a_t = exp(g_t) and write strength beta_t:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -51,14 +51,16 @@ class ChunkLayout:
     chunk_len: np.ndarray  # [N]
     initial_saves: list[tuple[int, int]]
     save_slots: np.ndarray  # [M]
-    save_rows: np.ndarray  # [M]
     save_cols: np.ndarray  # [M, width]
     row_slots: np.ndarray  # [num_rows, K] the slots each saved row goes into, -1 past its own
     reads: np.ndarray  # [S] as given (-1: fresh)
-    token_pos: np.ndarray  # [T]
+    token_pos: np.ndarray  # [T] (-1: a token the recurrent step takes)
     token_cols: np.ndarray  # [T]
     state_cols: np.ndarray  # [S, width]
     buffer_starts: np.ndarray  # [S+1]
+    step_rows: np.ndarray  # [D] the token of each sequence the recurrent step takes
+    step_reads: np.ndarray  # [D] its read slot (-1: fresh)
+    step_slots: np.ndarray  # [D, K] the slots its state goes into, -1 past its own
 
     @property
     def num_chunks(self) -> int:
@@ -68,7 +70,8 @@ class ChunkLayout:
     def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
               snapshots: Sequence[tuple[tuple[int, int], ...]], width: int, chunk_size: int = 64) -> ChunkLayout:
         seq_chunks, save_after, initial_saves, chunk_first, chunk_len = [0], [], [], [], []
-        save_slots, save_rows, save_cols, token_pos, token_cols, row_slots = [], [], [], [], [], []
+        save_slots, save_cols, token_pos, token_cols, row_slots = [], [], [], [], []
+        step_rows, step_reads, step_slots = [], [], []
         num_rows = 0
         qsl = np.asarray(query_start_loc, dtype=np.int64)
         lengths = np.diff(qsl)
@@ -83,6 +86,16 @@ class ChunkLayout:
             for offset, slot in snapshots[i]:
                 due.setdefault(offset, []).append(slot)
             due.setdefault(length, []).append(write_slots[i])
+            for cut in sorted(due):  # the conv windows due, whichever rule takes the tokens
+                save_slots.extend(due[cut])
+                save_cols.extend(buffer + cut + window for _ in due[cut])
+            if takes_step(length, due):
+                token_pos.append(np.array([-1]))
+                step_rows.append(start)
+                step_reads.append(read_slots[i])
+                step_slots.append(due[1])
+                seq_chunks.append(len(save_after))
+                continue
             begin = 0
             for cut in sorted(due):
                 pieces = -(-(cut - begin) // chunk_size)
@@ -95,10 +108,6 @@ class ChunkLayout:
                 else:
                     initial_saves.extend((slot, i) for slot in due[cut])
                 row_slots.append(due[cut])
-                for slot in due[cut]:
-                    save_slots.append(slot)
-                    save_rows.append(num_rows)
-                    save_cols.append(buffer + cut + window)
                 num_rows += 1
                 begin = cut
             seq_chunks.append(len(save_after))
@@ -109,13 +118,25 @@ class ChunkLayout:
         def cat(parts):
             return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-        slots_per_row = max(map(len, row_slots), default=1)
-        rows = np.full((num_rows, slots_per_row), -1, dtype=np.int64)
-        for r, slots in enumerate(row_slots):
-            rows[r, : len(slots)] = slots
         return cls(width, chunk_size, num_rows, arr(seq_chunks), arr(save_after), arr(chunk_first), arr(chunk_len),
-                   initial_saves, arr(save_slots), arr(save_rows), arr(save_cols, (0, width)), rows, arr(read_slots),
-                   cat(token_pos), cat(token_cols), buffer_starts[:-1, None] + window, buffer_starts)
+                   initial_saves, arr(save_slots), arr(save_cols, (0, width)), padded_rows(row_slots),
+                   arr(read_slots), cat(token_pos), cat(token_cols), buffer_starts[:-1, None] + window, buffer_starts,
+                   arr(step_rows), arr(step_reads), padded_rows(step_slots))
+
+
+def takes_step(length: int, due: Iterable[int]) -> bool:
+    """Whether a sequence's tokens this step go through the recurrent step instead of a chunk: one token, with
+    states due (the offsets into the step's tokens) only after it. A decode row of a mixed step is one; a chunk
+    would spend a 64-token chunk's work (the prepare kernel's triangular inverse, the scan's tiles) on it."""
+    return length == 1 and all(offset == 1 for offset in due)
+
+
+def padded_rows(rows: list[list[int]]) -> np.ndarray:
+    """Lists of slots -> [len(rows), K] int64, -1 past each list's own."""
+    out = np.full((len(rows), max(map(len, rows), default=1)), -1, dtype=np.int64)
+    for r, slots in enumerate(rows):
+        out[r, : len(slots)] = slots
+    return out
 
 
 @dataclass(slots=True)
@@ -125,8 +146,10 @@ class ChunkPlan:
 
     Each sequence's tokens are cut where a state is due (a snapshot, the end), and each piece is padded to whole
     chunks: chunks never straddle a cut, so the state at every cut is a chunk's end state (a "saved row").
-    Padding tokens have k = v = beta = g = 0 and leave the state unchanged. The conv runs over one buffer that
-    holds, per sequence, its K-1 inputs before the chunk and then its tokens.
+    Padding tokens have k = v = beta = g = 0 and leave the state unchanged. A sequence of one token with its
+    states due after it (takes_step: a decode row of a mixed step) has no chunk: the recurrent step takes it
+    (step_rows). The conv runs over one buffer that holds, per sequence, its K-1 inputs before the chunk and then
+    its tokens.
     """
 
     chunk_size: int
@@ -140,18 +163,20 @@ class ChunkPlan:
     # (slot, sequence): a state due before the sequence's first token (a cut at offset 0) is its initial state
     initial_saves: list[tuple[int, int]]
     save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct
-    save_rows: torch.Tensor  # [M] int64 the saved row each slot copies
     save_cols: torch.Tensor  # [M, width] conv buffer rows of each slot's window
     row_slots: torch.Tensor  # [num_rows, K] int64 the slots of each saved row (the scan writes them), -1 padding
     reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
     fresh: torch.Tensor  # [S, 1, 1] bool: starts from zeros (read < 0)
-    token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token
+    token_pos: torch.Tensor  # [T] int64 padded position (chunk * chunk_size + offset) of each token, -1: none
     chunk_first: torch.Tensor  # [N] int32 the first token of each chunk
     chunk_len: torch.Tensor  # [N] int32 its number of tokens (<= chunk_size)
     buffer_len: int
     buffer_starts_cpu: list[int]  # [S+1] each sequence's rows of the conv buffer: K-1 window rows, then its tokens
     token_cols: torch.Tensor  # [T] conv buffer row of each token
     state_cols: torch.Tensor  # [S, width] conv buffer rows of each sequence's window before the chunk
+    step_rows: torch.Tensor  # [D] int64 the token of each sequence the recurrent step takes (-1: a spare entry)
+    step_reads: torch.Tensor  # [D] int64 its read slot (-1: fresh)
+    step_slots: torch.Tensor  # [D, K] int64 the slots its state goes into, -1 padding
 
     @classmethod
     def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
@@ -167,10 +192,11 @@ class ChunkPlan:
 
         return cls(lay.chunk_size, lay.width, lay.num_chunks, lay.num_rows, lay.seq_chunks.tolist(),
                    dev(lay.seq_chunks, torch.int32), lay.save_after.tolist(), dev(lay.save_after, torch.int32),
-                   lay.initial_saves, dev(lay.save_slots), dev(lay.save_rows), dev(lay.save_cols), dev(lay.row_slots),
+                   lay.initial_saves, dev(lay.save_slots), dev(lay.save_cols), dev(lay.row_slots),
                    dev(np.maximum(lay.reads, 0)), dev(lay.reads < 0, torch.bool)[:, None, None], dev(lay.token_pos),
                    dev(lay.chunk_first, torch.int32), dev(lay.chunk_len, torch.int32), int(lay.buffer_starts[-1]),
-                   lay.buffer_starts.tolist(), dev(lay.token_cols), dev(lay.state_cols))
+                   lay.buffer_starts.tolist(), dev(lay.token_cols), dev(lay.state_cols), dev(lay.step_rows),
+                   dev(lay.step_reads), dev(lay.step_slots))
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
@@ -237,10 +263,11 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     w (the decayed keys through the UT transform), q (decayed queries), k (keys decayed to the chunk end):
     [N, H, C, Dk]; u (the chunk's new values): [N, H, C, Dv]; intra (masked, decayed q k^T): [N, H, C, C];
     chunk_decay: [N, H]; states: [num_slots, H, Dk, Dv], each sequence's initial state read at plan.reads (zeros
-    where plan.fresh; computed in fp32). Returns [T, H, Dv] the outputs in token order, in out_dtype (default: u's),
-    and writes the states due into their slots of `states`: the state after each chunk plan.save_after names into
-    its row's slots (plan.save_slots / save_rows), a sequence's initial state into slots due before its first token.
-    Every slot is read before any is written. Step i runs chunk i of every sequence that has one.
+    where plan.fresh; computed in fp32). Returns [T, H, Dv] the outputs in token order, in out_dtype (default: u's;
+    the rows of tokens the recurrent step takes are left to it, step_rows), and writes the states due into their
+    slots of `states`: the state after each chunk plan.save_after names into its row's slots (plan.row_slots), a
+    sequence's initial state into slots due before its first token. Every slot is read before any is written.
+    Step i runs chunk i of every sequence that has one.
     """
     out = torch.empty_like(u)
     due_first = states_due_first(states, plan)
@@ -261,9 +288,12 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         for j, c in enumerate(chunks):
             if plan.save_after_cpu[c] >= 0:
                 saved[plan.save_after_cpu[c]] = h[j]
-    out = out.transpose(1, 2).reshape(-1, *out.shape[1::2])[plan.token_pos]  # [N, H, C, Dv] -> [T, H, Dv]
-    if plan.save_slots.numel():  # rows of states due first are not written here: write_states overwrites them
-        states.index_copy_(0, plan.save_slots, saved[plan.save_rows].to(states.dtype))
+    out = out.transpose(1, 2).reshape(-1, *out.shape[1::2])  # [N, H, C, Dv] -> [N * C, H, Dv]
+    out = torch.cat([out, out.new_zeros(1, *out.shape[1:])])[plan.token_pos]  # token order; position -1: zeros
+    # rows of states due first are not written here: write_states overwrites them
+    slots = plan.row_slots.flatten()
+    rows = torch.arange(plan.num_rows, device=slots.device).repeat_interleave(plan.row_slots.shape[1])
+    states.index_copy_(0, slots[slots >= 0], saved[rows[slots >= 0]].to(states.dtype))
     write_states(states, due_first)
     return out.to(out_dtype or out.dtype)
 
@@ -282,9 +312,9 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
     q, k, v, beta, g = _prepare(q, k, v, beta, g)
 
     def chunks(t):  # [T, H, ...] -> [N, H, C, ...], zeros where no token is
-        padded = t.new_zeros(plan.num_chunks * size, *t.shape[1:])
+        padded = t.new_zeros(plan.num_chunks * size + 1, *t.shape[1:])  # the last row: tokens at position -1
         padded[plan.token_pos] = t
-        return padded.reshape(plan.num_chunks, size, *t.shape[1:]).transpose(1, 2).contiguous()
+        return padded[:-1].reshape(plan.num_chunks, size, *t.shape[1:]).transpose(1, 2).contiguous()
 
     v_beta, k_beta = chunks(v * beta[..., None]), chunks(k * beta[..., None])
     q, k, g = chunks(q), chunks(k), chunks(g).cumsum(-1)  # g: [N, H, C] cumulative log decay within a chunk
@@ -300,15 +330,42 @@ def chunk_prepare(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: Ch
     return tuple(t.contiguous() for t in (k_cumdecay, new_values, q, k, intra, g[..., -1].exp()))
 
 
+def _delta_rule_rows(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
+                     reads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule step of one token per row: x [B, conv_dim] the conv outputs (q, k, v heads), g, beta
+    [B, Hv], each row's state read from slot reads[b] of states (zeros where < 0) -> ([B, Hv, Dv] in x's dtype,
+    the new fp32 states [B, Hv, Dk, Dv])."""
+    num_v_heads, head_k, head_v = states.shape[1:]
+    num_k_heads = (x.shape[1] - num_v_heads * head_v) // (2 * head_k)
+    initial = states[reads.clamp(min=0)].masked_fill((reads < 0)[:, None, None, None], 0)
+    return recurrent_gated_delta_step(*split_heads(x, num_k_heads, head_k, num_v_heads, head_v), g, beta, initial)
+
+
+def step_rows(x: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor, plan: ChunkPlan,
+              out: torch.Tensor) -> None:
+    """The sequences of one token in a chunked step (plan.step_rows: a mixed step's decode rows, takes_step)
+    through the recurrent rule instead of a chunk: x [T, conv_dim] the step's conv outputs, g, beta [T, Hv]; each
+    state read from its slot (plan.step_reads, zeros where < 0) and the new one written into its slots
+    (plan.step_slots), its output into its row of out [T, Hv, Dv]."""
+    keep = plan.step_rows >= 0  # a captured plan's spare entries are -1
+    rows, slots = plan.step_rows[keep], plan.step_slots[keep]
+    core, new = _delta_rule_rows(x[rows], g[rows], beta[rows], states, plan.step_reads[keep])
+    for j in range(slots.shape[1]):
+        due = slots[:, j] >= 0
+        states.index_copy_(0, slots[due, j], new[due].to(states.dtype))
+    out[rows] = core.to(out.dtype)
+
+
 def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                         conv_state: torch.Tensor, ssm_state: torch.Tensor, plan: ChunkPlan, num_k_heads: int,
-                        prepare=chunk_prepare, scan=chunk_scan, windows=conv_windows) -> torch.Tensor:
+                        prepare=chunk_prepare, scan=chunk_scan, windows=conv_windows, step=step_rows) -> torch.Tensor:
     """A prefill step's tokens (any number of sequences) through a Gated DeltaNet layer: the causal conv + SiLU,
     the q/k/v heads and the chunked (WY / UT-transform) gated delta rule, batched over every chunk of every
     sequence (`prepare`: chunk_prepare or a kernel with its signature; `windows`: the conv's, conv_windows or a
-    kernel); only `scan` (chunk_scan, or a kernel) runs the chunks in order. States start from the slots
-    plan.reads names (zeros where fresh) and the states due (snapshots, each sequence's working slot) are written
-    into their slots.
+    kernel); only `scan` (chunk_scan, or a kernel) runs the chunks in order, and `step` (step_rows, or a kernel)
+    takes the sequences of one token (a mixed step's decode rows) through the recurrent rule. States start from
+    the slots plan.reads names (zeros where fresh) and the states due (snapshots, each sequence's working slot)
+    are written into their slots.
 
     mixed: [T, conv_dim] the q/k/v projection; conv_weight: [conv_dim, K]; g (log decay), beta: [T, Hv];
     conv_state: [num_slots, conv_dim, K-1]; ssm_state: [num_slots, Hv, Dk, Dv] fp32. Returns [T, Hv, Dv] in
@@ -318,6 +375,7 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
     out = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), ssm_state, plan,
                out_dtype=mixed.dtype)
+    step(conv_out, g, beta, ssm_state, plan, out)  # its sequences' slots are none the scan reads or writes
     if plan.save_slots.numel():
         conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))
     return out
@@ -361,15 +419,11 @@ def gated_delta_decode(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch.
     int64 device tensors (read < 0: start from zeros). Returns the core output [B, Hv, Dv] in mixed's dtype.
     Reads all happen before writes, so a sequence may read and write the same slot.
     """
-    num_v_heads, head_k_dim, head_v_dim = ssm_state.shape[1:]
-    num_k_heads = (mixed.shape[1] - num_v_heads * head_v_dim) // (2 * head_k_dim)
-    reads = read_slots.clamp(min=0)
     is_fresh = (read_slots < 0)[:, None, None]  # a one-token prompt starts from zeros
-    conv_in = conv_state[reads].masked_fill(is_fresh, 0)
-    ssm_in = ssm_state[reads].masked_fill(is_fresh[..., None], 0)
+    conv_in = conv_state[read_slots.clamp(min=0)].masked_fill(is_fresh, 0)
     out, conv_new = causal_conv1d_step(mixed, conv_weight, conv_in)
-    q, k, v = split_heads(out, num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-    core, ssm_new = recurrent_gated_delta_step(q, k, v, g, beta, ssm_in)
+    core, ssm_new = _delta_rule_rows(out, g, beta, ssm_state, read_slots)
     conv_state.index_copy_(0, write_slots, conv_new.to(conv_state.dtype))
     ssm_state.index_copy_(0, write_slots, ssm_new.to(ssm_state.dtype))
     return core
+

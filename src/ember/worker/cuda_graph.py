@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ember.engine.scheduler import ScheduledSeq
-from ember.ops.gated_delta import ChunkLayout, ChunkPlan
+from ember.ops.gated_delta import ChunkLayout, ChunkPlan, takes_step
 from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_positions, token_slots
 from ember.worker.state_cache import StateMetadata
 
@@ -63,11 +63,12 @@ class StaticChunkPlans:
     """The chunk plans (ops.gated_delta.ChunkPlan) of the mixed graphs of a model with recurrent state, in static
     buffers. The graph of t tokens plans its slots(t) sequence slots: the step's sequences, the padding sequence
     (fresh, writing the scratch slot) and empty ones; it has room for chunks(t) chunks, 2 cuts per slot (a
-    snapshot and the chunk's end) of 2 slots each, and 2 conv saves per slot. A step's host layout (ChunkLayout)
-    is copied in padded: chunks past its own hold no tokens (no sequence's range reaches them; the prepare kernel
-    returns at once), rows past its own name no slot, conv saves past its own go into the scratch slot (on the
-    reference path the recurrent state too, from a row the scan never writes); the scan's programs of empty slots
-    return at once. Steps that need more chunks, or a state saved before their first token, run eagerly (fits)."""
+    snapshot and the chunk's end) of 2 slots each, 2 conv saves per slot and a recurrent step per slot (decode
+    rows: ops.gated_delta.takes_step). A step's host layout (ChunkLayout) is copied in padded: chunks past its own
+    hold no tokens (no sequence's range reaches them; the prepare kernel returns at once), rows past its own name
+    no slot, conv saves past its own go into the scratch slot, spare recurrent steps name no token; the scan's
+    programs of empty slots and the step's spare programs return at once. Steps that need more chunks, or a state
+    saved before their first token, run eagerly (fits)."""
 
     def __init__(self, slots: dict[int, int], width: int, scratch_slot: int, device: torch.device,
                  is_pinned: bool, chunk_size: int = 64) -> None:
@@ -83,14 +84,15 @@ class StaticChunkPlans:
         # and the conv reads whole windows (a token's buffer row is at least K - 1)
         self.dev["save_slots"].fill_(scratch_slot)
         self.dev["row_slots"].fill_(-1)
+        self.dev["step_rows"].fill_(-1)
         self.dev["token_cols"].fill_(width)
         self.plans = {t: self._plan(t) for t in slots}
 
     def _sizes(self, t: int) -> dict[str, int]:
         s, n, w = self.slots[t], self.chunks[t], self.width
-        return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_rows": 2 * s,
-                "save_cols": 2 * s * w, "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1,
-                "save_after": n, "chunk_first": n, "chunk_len": n, "fresh": s}
+        return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_cols": 2 * s * w,
+                "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1, "save_after": n,
+                "chunk_first": n, "chunk_len": n, "fresh": s, "step_rows": s, "step_reads": s, "step_slots": 2 * s}
 
     def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
         """Graph t's plan over the static buffers; its host lists from lay (use_graphs=False: the reference ops
@@ -100,26 +102,28 @@ class StaticChunkPlans:
         return ChunkPlan(
             self.chunk_size, w, n, 2 * s + 1, lay.seq_chunks.tolist() if lay else [0] * (s + 1), d["seq_chunks"],
             lay.save_after.tolist() + [-1] * (n - lay.num_chunks) if lay else [-1] * n, d["save_after"], [],
-            d["save_slots"], d["save_rows"], d["save_cols"].view(2 * s, w), d["row_slots"].view(2 * s + 1, 2),
+            d["save_slots"], d["save_cols"].view(2 * s, w), d["row_slots"].view(2 * s + 1, 2),
             d["reads"], d["fresh"].view(s, 1, 1),
             d["token_pos"], d["chunk_first"], d["chunk_len"], s * w + t,
             lay.buffer_starts.tolist() if lay else list(range(0, (s + 1) * w, w)), d["token_cols"],
-            d["state_cols"].view(s, w))
+            d["state_cols"].view(s, w), d["step_rows"], d["step_reads"], d["step_slots"].view(s, 2))
 
     def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
         """Whether the step's layout fits graph t's plan: chunks within chunks(t), at most 2 cuts and saves per
-        sequence, no state due before a sequence's first token (the scan writes those after it, from host lists)."""
+        sequence, no state due before a sequence's first token (the scan writes those after it, from host lists).
+        Sequences the recurrent step takes (takes_step) need no chunk."""
         if len(seqs) >= self.slots[t]:
             return False
         size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
-        chunks = -(-pad // size)
+        chunks = 0 if takes_step(pad, ()) else -(-pad // size)
         for s in seqs:
             if s.state is None or len(s.state.snapshots) > 1:
                 return False
             cut, n = (s.state.snapshots[0][0] if s.state.snapshots else 0), len(s.token_ids)
             if s.state.snapshots and cut == 0:
                 return False
-            chunks += -(-cut // size) + -(-(n - cut) // size)
+            if not takes_step(n, (offset for offset, _ in s.state.snapshots)):
+                chunks += -(-cut // size) + -(-(n - cut) // size)
         return chunks <= self.chunks[t]
 
     def stage(self, seqs: list[ScheduledSeq], t: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -144,11 +148,15 @@ class StaticChunkPlans:
             h[k][:c], h[k][c:n_max] = getattr(lay, k), pad
         m = len(lay.save_slots)
         h["save_slots"][:m], h["save_slots"][m: 2 * s_max] = lay.save_slots, self.scratch_slot
-        h["save_rows"][:m], h["save_rows"][m: 2 * s_max] = lay.save_rows, 2 * s_max  # the row never written
         h["save_cols"][: m * w], h["save_cols"][m * w: 2 * s_max * w] = lay.save_cols.ravel(), 0
-        row_slots = h["row_slots"][: 2 * (2 * s_max + 1)].reshape(-1, 2)
-        row_slots[:] = -1  # rows past the step's own (and a second slot where a row has one) take no state
-        row_slots[: lay.num_rows, : lay.row_slots.shape[1]] = lay.row_slots
+        d = len(lay.step_rows)
+        h["step_rows"][:d], h["step_rows"][d:s_max] = lay.step_rows, -1
+        h["step_reads"][:d] = lay.step_reads
+        # rows and steps past the step's own (and a second slot where one has one) take no state
+        for key, slots, count in (("row_slots", lay.row_slots, 2 * s_max + 1), ("step_slots", lay.step_slots, s_max)):
+            dst = h[key][: 2 * count].reshape(-1, 2)
+            dst[:] = -1
+            dst[: len(slots), : slots.shape[1]] = slots
         return self._plan(t, lay), [(self.dev[k][:size], self.host[k][:size]) for k, size in self._sizes(t).items()]
 
 
