@@ -161,6 +161,7 @@ def test_static_chunk_plans_are_valid_before_the_first_step():
         assert plan.token_cols.max() < plan.buffer_len and plan.state_cols.max() < plan.buffer_len
         assert plan.seq_chunks.eq(0).all()  # no sequence runs a chunk
         assert plan.save_slots.eq(scratch).all() and plan.row_slots.eq(-1).all() and plan.step_rows.eq(-1).all()
+        assert plan.scan_seqs.eq(-1).all()
         assert plan.save_cols.max() < plan.buffer_len and plan.reads.min() >= 0
 
 
@@ -184,6 +185,7 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
         dst.copy_(src)
     assert plan.num_chunks == plans.chunks[t] == 2 + 6 + 2
     assert plan.step_rows.tolist() == [0, 91, 92, -1, -1, -1]  # the decodes; the padding sequence has 3 tokens
+    assert plan.scan_seqs.tolist() == [1, 2, 5, -1, -1, -1]  # the scan's: the prompt chunks and the padding
     num_tokens = 93
     own = gd.ChunkPlan.build([0, 1, 71, 91, 92, 93], [2, -1, 4, 5, -1], [2, 3, 4, 5, 6],
                              [((1, 7),), ((48, 8),), (), (), ()], kernel - 1, torch.device(DEVICE))
@@ -210,6 +212,9 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
     assert not plans.fits([state_seq(4, 2, 2, ((0, 7),))], t)  # a state due before the first token
     assert not plans.fits([state_seq(30, 2, 2, ((10, 7), (20, 8)))], t)  # two snapshots in one chunk
     assert not plans.fits([state_seq(18, -1, i, ((3, 6 + i),)) for i in range(5)], t)  # 2 x 5 + 1 chunks > 10
+    few = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False, chunked=3)
+    assert few.fits(seqs, t) and few.chunks[t] == 2 + 3 + 2  # 2 prompt chunks and the padding; decodes take none
+    assert not few.fits(seqs[:3] + [state_seq(2, 5, 5), seqs[4]], t)  # 3 prompt chunks and the padding
     # a padding sequence of one token is a recurrent step, not a chunk
     assert plans.fits([state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)], t)
 

@@ -61,6 +61,7 @@ class ChunkLayout:
     step_rows: np.ndarray  # [D] the token of each sequence the recurrent step takes
     step_reads: np.ndarray  # [D] its read slot (-1: fresh)
     step_slots: np.ndarray  # [D, K] the slots its state goes into, -1 past its own
+    scan_seqs: np.ndarray  # [S'] the sequences with chunks
 
     @property
     def num_chunks(self) -> int:
@@ -121,7 +122,8 @@ class ChunkLayout:
         return cls(width, chunk_size, num_rows, arr(seq_chunks), arr(save_after), arr(chunk_first), arr(chunk_len),
                    initial_saves, arr(save_slots), arr(save_cols, (0, width)), padded_rows(row_slots),
                    arr(read_slots), cat(token_pos), cat(token_cols), buffer_starts[:-1, None] + window, buffer_starts,
-                   arr(step_rows), arr(step_reads), padded_rows(step_slots))
+                   arr(step_rows), arr(step_reads), padded_rows(step_slots),
+                   np.flatnonzero(np.diff(seq_chunks)).astype(np.int64))
 
 
 def takes_step(length: int, due: Iterable[int]) -> bool:
@@ -177,6 +179,7 @@ class ChunkPlan:
     step_rows: torch.Tensor  # [D] int64 the token of each sequence the recurrent step takes (-1: a spare entry)
     step_reads: torch.Tensor  # [D] int64 its read slot (-1: fresh)
     step_slots: torch.Tensor  # [D, K] int64 the slots its state goes into, -1 padding
+    scan_seqs: torch.Tensor  # [S'] int32 the sequences with chunks (the scan's programs; -1: a spare entry)
 
     @classmethod
     def build(cls, query_start_loc: Sequence[int], read_slots: Sequence[int], write_slots: Sequence[int],
@@ -196,7 +199,7 @@ class ChunkPlan:
                    dev(np.maximum(lay.reads, 0)), dev(lay.reads < 0, torch.bool)[:, None, None], dev(lay.token_pos),
                    dev(lay.chunk_first, torch.int32), dev(lay.chunk_len, torch.int32), int(lay.buffer_starts[-1]),
                    lay.buffer_starts.tolist(), dev(lay.token_cols), dev(lay.state_cols), dev(lay.step_rows),
-                   dev(lay.step_reads), dev(lay.step_slots))
+                   dev(lay.step_reads), dev(lay.step_slots), dev(lay.scan_seqs, torch.int32))
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,

@@ -45,11 +45,15 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
 # 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
 GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS): every
-# slot adds a chunk of room (qwen3_5-default: 4.7 MB of the prepare kernel's outputs) and a wave of scan programs
-# that return at once. On an H100 64 rather than 16 cost a lone 128-token prompt 0.1 ms and took a step of 31
-# decodes and a 128-token prompt from 58 ms (eager: it did not fit 16) to 28 (benchmarks/mixed_step.py, NOTES v21)
+# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS): a slot
+# costs a conv window and a recurrent-step program that returns at once where the slot is empty. On an H100 64
+# rather than 16 cost a lone 128-token prompt 0.1 ms and took a step of 31 decodes and a 128-token prompt from 58 ms
+# (eager: it did not fit 16) to 28 (benchmarks/mixed_step.py, NOTES v21)
 STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "64"))
+# of those, the most that run chunks (prompt chunks; decode rows take the recurrent step), the padding sequence
+# counted (EMBER_STATE_MIXED_CHUNKED): each adds a chunk of room (qwen3_5-default: 4.7 MB of the prepare kernel's
+# outputs) and a scan program per head and Dv block; steps with more run eagerly
+STATE_MIXED_CHUNKED = int(os.environ.get("EMBER_STATE_MIXED_CHUNKED", "32"))
 
 # (input_ids, seqs, ends): writes tokens still on the device (async scheduling's placeholders) into input_ids
 FillPlaceholders = Callable[[torch.Tensor, list[ScheduledSeq], Sequence[int]], None]
@@ -62,22 +66,24 @@ def _host(shape: tuple[int, ...], dtype: torch.dtype, is_pinned: bool) -> torch.
 class StaticChunkPlans:
     """The chunk plans (ops.gated_delta.ChunkPlan) of the mixed graphs of a model with recurrent state, in static
     buffers. The graph of t tokens plans its slots(t) sequence slots: the step's sequences, the padding sequence
-    (fresh, writing the scratch slot) and empty ones; it has room for chunks(t) chunks, 2 cuts per slot (a
-    snapshot and the chunk's end) of 2 slots each, 2 conv saves per slot and a recurrent step per slot (decode
-    rows: ops.gated_delta.takes_step). A step's host layout (ChunkLayout) is copied in padded: chunks past its own
-    hold no tokens (no sequence's range reaches them; the prepare kernel returns at once), rows past its own name
-    no slot, conv saves past its own go into the scratch slot, spare recurrent steps name no token; the scan's
-    programs of empty slots and the step's spare programs return at once. Steps that need more chunks, or a state
-    saved before their first token, run eagerly (fits)."""
+    (fresh, writing the scratch slot) and empty ones; chunked(t) of them may run chunks (the rest are decode rows,
+    which the recurrent step takes: ops.gated_delta.takes_step). It has room for chunks(t) = t / 64 + chunked(t) + 2
+    chunks, 2 cuts per slot (a snapshot and the chunk's end) of 2 slots each, 2 conv saves and a recurrent step per
+    slot. A step's host layout (ChunkLayout) is copied in padded: chunks past its own hold no tokens (no
+    sequence's range reaches them; the prepare kernel returns at once), rows past its own name no slot, conv saves
+    past its own go into the scratch slot, spare scan and recurrent-step entries name no sequence or token (their
+    programs return at once). Steps that need more chunks or chunked sequences, or a state saved before their
+    first token, run eagerly (fits)."""
 
     def __init__(self, slots: dict[int, int], width: int, scratch_slot: int, device: torch.device,
-                 is_pinned: bool, chunk_size: int = 64) -> None:
+                 is_pinned: bool, chunked: int = STATE_MIXED_CHUNKED, chunk_size: int = 64) -> None:
         self.width, self.scratch_slot, self.chunk_size = width, scratch_slot, chunk_size
         self.slots = slots  # per token count, the padding sequence's slot counted
-        self.chunks = {t: -(-t // chunk_size) + s + 2 for t, s in slots.items()}
+        self.chunked = {t: min(s, chunked) for t, s in slots.items()}  # the padding sequence counted
+        self.chunks = {t: -(-t // chunk_size) + self.chunked[t] + 2 for t in slots}
         sizes = {k: max(self._sizes(t)[k] for t in slots) for k in self._sizes(max(slots))}
         dtypes = {"seq_chunks": torch.int32, "save_after": torch.int32, "chunk_first": torch.int32,
-                  "chunk_len": torch.int32, "fresh": torch.bool}
+                  "chunk_len": torch.int32, "fresh": torch.bool, "scan_seqs": torch.int32}
         self.dev = {k: torch.zeros(n, dtype=dtypes.get(k, torch.int64), device=device) for k, n in sizes.items()}
         self.host = {k: _host((n,), dtypes.get(k, torch.int64), is_pinned) for k, n in sizes.items()}
         # until the first step, an empty plan for every t: no sequence has chunks, saves go to the scratch slot,
@@ -85,6 +91,7 @@ class StaticChunkPlans:
         self.dev["save_slots"].fill_(scratch_slot)
         self.dev["row_slots"].fill_(-1)
         self.dev["step_rows"].fill_(-1)
+        self.dev["scan_seqs"].fill_(-1)
         self.dev["token_cols"].fill_(width)
         self.plans = {t: self._plan(t) for t in slots}
 
@@ -92,7 +99,8 @@ class StaticChunkPlans:
         s, n, w = self.slots[t], self.chunks[t], self.width
         return {"token_pos": t, "token_cols": t, "reads": s, "save_slots": 2 * s, "save_cols": 2 * s * w,
                 "row_slots": 2 * (2 * s + 1), "state_cols": s * w, "seq_chunks": s + 1, "save_after": n,
-                "chunk_first": n, "chunk_len": n, "fresh": s, "step_rows": s, "step_reads": s, "step_slots": 2 * s}
+                "chunk_first": n, "chunk_len": n, "fresh": s, "step_rows": s, "step_reads": s, "step_slots": 2 * s,
+                "scan_seqs": self.chunked[t]}
 
     def _plan(self, t: int, lay: ChunkLayout | None = None) -> ChunkPlan:
         """Graph t's plan over the static buffers; its host lists from lay (use_graphs=False: the reference ops
@@ -106,16 +114,17 @@ class StaticChunkPlans:
             d["reads"], d["fresh"].view(s, 1, 1),
             d["token_pos"], d["chunk_first"], d["chunk_len"], s * w + t,
             lay.buffer_starts.tolist() if lay else list(range(0, (s + 1) * w, w)), d["token_cols"],
-            d["state_cols"].view(s, w), d["step_rows"], d["step_reads"], d["step_slots"].view(s, 2))
+            d["state_cols"].view(s, w), d["step_rows"], d["step_reads"], d["step_slots"].view(s, 2), d["scan_seqs"])
 
     def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
-        """Whether the step's layout fits graph t's plan: chunks within chunks(t), at most 2 cuts and saves per
-        sequence, no state due before a sequence's first token (the scan writes those after it, from host lists).
-        Sequences the recurrent step takes (takes_step) need no chunk."""
+        """Whether the step's layout fits graph t's plan: chunks within chunks(t) and chunked(t), at most 2 cuts and
+        saves per sequence, no state due before a sequence's first token (the scan writes those after it, from host
+        lists). Sequences the recurrent step takes (takes_step) need no chunk."""
         if len(seqs) >= self.slots[t]:
             return False
         size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
-        chunks = 0 if takes_step(pad, ()) else -(-pad // size)
+        chunked = int(pad > 0 and not takes_step(pad, ()))
+        chunks = chunked * -(-pad // size)
         for s in seqs:
             if s.state is None or len(s.state.snapshots) > 1:
                 return False
@@ -123,8 +132,9 @@ class StaticChunkPlans:
             if s.state.snapshots and cut == 0:
                 return False
             if not takes_step(n, (offset for offset, _ in s.state.snapshots)):
+                chunked += 1
                 chunks += -(-cut // size) + -(-(n - cut) // size)
-        return chunks <= self.chunks[t]
+        return chunks <= self.chunks[t] and chunked <= self.chunked[t]
 
     def stage(self, seqs: list[ScheduledSeq], t: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Writes the step's layout (fits) into the host buffers; returns graph t's plan (with the step's host
@@ -137,21 +147,24 @@ class StaticChunkPlans:
         lay = ChunkLayout.build([0, *itertools.accumulate(lens)], [s.state.read_slot for s in seqs] + fresh,
                                 [s.state.write_slot for s in seqs] + [self.scratch_slot] * (empty + 1),
                                 [s.state.snapshots for s in seqs] + [()] * (empty + 1), w, self.chunk_size)
-        assert lay.num_chunks <= n_max and not lay.initial_saves, "staged a step that does not fit (fits)"
+        assert lay.num_chunks <= n_max and len(lay.scan_seqs) <= self.chunked[t] and not lay.initial_saves, \
+            "staged a step that does not fit (fits)"
         h = {k: v.numpy() for k, v in self.host.items()}
+
+        def put(key: str, values: np.ndarray, size: int, pad: int) -> None:  # the layout's own, then padding
+            h[key][: len(values)], h[key][len(values): size] = values, pad
+
         h["token_pos"][:t], h["token_cols"][:t] = lay.token_pos, lay.token_cols
         h["reads"][:s_max], h["fresh"][:s_max] = np.maximum(lay.reads, 0), lay.reads < 0
         h["seq_chunks"][: s_max + 1] = lay.seq_chunks
         h["state_cols"][: s_max * w] = lay.state_cols.ravel()
-        c = lay.num_chunks
-        for k, pad in (("save_after", -1), ("chunk_first", 0), ("chunk_len", 0)):
-            h[k][:c], h[k][c:n_max] = getattr(lay, k), pad
-        m = len(lay.save_slots)
-        h["save_slots"][:m], h["save_slots"][m: 2 * s_max] = lay.save_slots, self.scratch_slot
-        h["save_cols"][: m * w], h["save_cols"][m * w: 2 * s_max * w] = lay.save_cols.ravel(), 0
-        d = len(lay.step_rows)
-        h["step_rows"][:d], h["step_rows"][d:s_max] = lay.step_rows, -1
-        h["step_reads"][:d] = lay.step_reads
+        for key, pad in (("save_after", -1), ("chunk_first", 0), ("chunk_len", 0)):
+            put(key, getattr(lay, key), n_max, pad)
+        put("save_slots", lay.save_slots, 2 * s_max, self.scratch_slot)
+        put("save_cols", lay.save_cols.ravel(), 2 * s_max * w, 0)
+        put("step_rows", lay.step_rows, s_max, -1)
+        put("step_reads", lay.step_reads, s_max, 0)
+        put("scan_seqs", lay.scan_seqs, self.chunked[t], -1)
         # rows and steps past the step's own (and a second slot where one has one) take no state
         for key, slots, count in (("row_slots", lay.row_slots, 2 * s_max + 1), ("step_slots", lay.step_slots, s_max)):
             dst = h[key][: 2 * count].reshape(-1, 2)

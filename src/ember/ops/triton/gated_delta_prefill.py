@@ -8,7 +8,7 @@ launches, with the signatures of the torch references chunk_prepare and chunk_sc
    k_beta k^T and q k^T [C, C], the inverse T of the unit lower-triangular (I + strictly_lower(k_beta k^T)) (its
    16-row diagonal blocks by forward substitution, then the blocks below through a nilpotent series, in [C, C]
    dots), and through it the UT transform: u = T (v beta), w = T (k beta e^g).
-2. chunk_scan, grid (sequence, value head, Dv block): each program loads its [Dk, BLOCK_V] slice of the
+2. chunk_scan, grid (sequence with chunks, value head, Dv block): each program loads its [Dk, BLOCK_V] slice of the
    sequence's initial state from its read slot of the state pool (zeros where fresh), holds it in registers in fp32
    and runs its sequence's chunks in order (as flash-linear-attention's
    chunk_gated_delta_rule_fwd_h and chunk_fwd_o, fused):
@@ -87,14 +87,14 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 
 @triton.jit
 def _chunk_scan_kernel(w_ptr, u_ptr, q_ptr, k_ptr, a_ptr, decay_ptr, states_ptr, reads_ptr, fresh_ptr, out_ptr,
-                       starts_ptr, save_ptr, row_slots_ptr, first_ptr, len_ptr, num_heads,
+                       scan_seqs_ptr, starts_ptr, save_ptr, row_slots_ptr, first_ptr, len_ptr, num_heads,
                        HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
                        BLOCK_V: tl.constexpr, ROW_SLOTS: tl.constexpr, PRECISION: tl.constexpr):
-    seq = tl.program_id(0)
+    seq = tl.load(scan_seqs_ptr + tl.program_id(0))  # the sequences with chunks; -1: a captured plan's spare one
+    if seq < 0:
+        return
     first = tl.load(starts_ptr + seq)
     last = tl.load(starts_ptr + seq + 1)
-    if first == last:  # no tokens this step (a captured plan's empty slot): the state stays where it is
-        return
     head = tl.program_id(1)
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -227,7 +227,7 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     assert states.is_contiguous() and states.shape[1:] == (num_heads, head_k, head_v)
     assert u.shape == (num_chunks, num_heads, chunk, head_v) and intra.shape == (num_chunks, num_heads, chunk, chunk)
     assert chunk >= 16 and chunk == triton.next_power_of_2(chunk), "tl.dot needs a power-of-two chunk of >= 16"
-    num_seqs = plan.reads.shape[0]
+    num_seqs = plan.scan_seqs.shape[0]
     out = u.new_empty(plan.token_pos.shape[0], num_heads, head_v, dtype=out_dtype or u.dtype)
     if num_chunks == 0 or num_seqs == 0:
         return out
@@ -241,7 +241,8 @@ def chunk_scan(w: torch.Tensor, u: torch.Tensor, q: torch.Tensor, k: torch.Tenso
         try:
             _chunk_scan_kernel[(num_seqs, num_heads, triton.cdiv(head_v, block_v))](
                 w, u, q, k, intra, chunk_decay, states, plan.reads, plan.fresh.view(torch.uint8), out,
-                plan.seq_chunks, plan.save_after, plan.row_slots, plan.chunk_first, plan.chunk_len, num_heads,
+                plan.scan_seqs, plan.seq_chunks, plan.save_after, plan.row_slots, plan.chunk_first, plan.chunk_len,
+                num_heads,
                 HEAD_K=head_k, HEAD_V=head_v, CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v,
                 ROW_SLOTS=plan.row_slots.shape[1], PRECISION=precision,
                 num_warps=4, num_stages=stages,
