@@ -8,7 +8,7 @@ warm-up's sequences, ModelRunner.scratch_seq), so the steps repeat. EMBER_STATE_
 slots a hybrid model's mixed graphs have (64).
 
     python benchmarks/mixed_step.py [--shapes qwen3-8b,qwen3_5-default] [--decodes 0,15,31,63] [--lens 128,512]
-        [--out PREFIX]
+        [--max-num-seqs 64] [--out PREFIX]
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--decodes", default="0,15,31,63")
     ap.add_argument("--lens", default="128,512")
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     decodes = [int(x) for x in args.decodes.split(",")]
@@ -52,8 +53,8 @@ def main() -> None:
     for shape in args.shapes.split(","):
         model_dir = make_demo_model(tempfile.mkdtemp(), shape, with_weights=False)
         (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
-        llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64,
-                  enable_prefix_caching=False, progress=False)
+        llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024,
+                  max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, progress=False)
         runner = llm.engine.runner
         cases = [(k, n) for k in decodes for n in lens]
         for k, n in tqdm(cases, desc=shape):

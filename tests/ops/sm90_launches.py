@@ -91,7 +91,8 @@ def qwen3_5_prefill(seqs: int, length: int, dtype: torch.dtype = torch.bfloat16,
     states = torch.zeros(seqs + 3, HV, DK, DV)
     gated_delta.step_rows(x, g, beta, states, plan, torch.zeros(tokens, HV, DV, dtype=dtype))
     weight = torch.zeros(conv_dim, KERNEL, dtype=dtype)
-    gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=dtype), weight, plan, dtype)
+    gated_delta_prefill.conv_windows(torch.zeros(plan.buffer_len, conv_dim, dtype=dtype), weight, plan, dtype,
+                                     torch.zeros(seqs + 3, conv_dim, KERNEL - 1, dtype=dtype))
     f32 = dict(dtype=torch.float32)
     w, q, k = (torch.zeros(plan.num_chunks, HV, CHUNK, DK, **f32) for _ in range(3))
     u = torch.zeros(plan.num_chunks, HV, CHUNK, DV, **f32)

@@ -95,18 +95,20 @@ def test_varlen_conv_one_buffer_equals_per_sequence():
     mixed, _, _ = make_tokens(107, weight.shape[0], 4, seed=2)
     plan = gd.ChunkPlan.build([0, 40, 40, 101, 107], [3, -1, 5, -1], [0, 1, 2, 4], [(), (), ((30, 6),), ()], 3,
                               torch.device("cpu"))
-    whole, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+    states = conv_state.clone(), conv_state.clone()
+    whole, buf = gd.varlen_causal_conv1d(mixed, weight, states[0], plan,
                                          windows=functools.partial(gd.conv_windows, per_sequence=False))
-    each, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+    each, buf2 = gd.varlen_causal_conv1d(mixed, weight, states[1], plan,
                                          windows=functools.partial(gd.conv_windows, per_sequence=True))
-    assert whole.shape == mixed.shape and torch.equal(buf, buf2)
+    assert whole.shape == mixed.shape and torch.equal(buf, buf2) and torch.equal(*states)
     torch.testing.assert_close(whole, each, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
 def test_triton_conv_windows_match_reference(dtype):
-    """The conv-window kernel against the torch conv over the same buffer: sequences shorter than the window,
-    fresh and carried states, channels over more than one program block (300 > 256)."""
+    """The conv-window kernels against the torch conv over the same buffer: sequences shorter than the window,
+    fresh and carried states, channels over more than one program block (300 > 256); the windows due written into
+    their slots (a slot one sequence reads and another writes read first), spare entries (-1) skipped."""
     pytest.importorskip("triton", minversion=TRITON_MIN_VERSION)
     from ember.ops import triton as tri
     weight, conv_state, _ = make_layer(2, 5, 12, 36, 4, seed=6)  # conv_dim 228
@@ -115,10 +117,14 @@ def test_triton_conv_windows_match_reference(dtype):
     mixed = make_tokens(70, 300, 1, seed=7)[0].to(DEVICE, dtype)
     plan = gd.ChunkPlan.build([0, 2, 3, 50, 70], [4, -1, 1, -1], [0, 1, 2, 3], [(), (), ((20, 6),), ()], 3,
                               torch.device(DEVICE))
-    want, buf = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan,
+    plan.save_slots = torch.cat([plan.save_slots, plan.save_slots.new_full((2,), -1)])  # as a captured plan's
+    plan.save_cols = torch.cat([plan.save_cols, plan.save_cols[:2]])
+    states = conv_state.clone(), conv_state.clone()
+    want, buf = gd.varlen_causal_conv1d(mixed, weight, states[0], plan,
                                         windows=functools.partial(gd.conv_windows, per_sequence=False))
-    got, buf2 = gd.varlen_causal_conv1d(mixed, weight, conv_state, plan, windows=tri.gated_delta_conv_windows)
+    got, buf2 = gd.varlen_causal_conv1d(mixed, weight, states[1], plan, windows=tri.gated_delta_conv_windows)
     assert torch.equal(buf, buf2) and got.dtype == want.dtype == dtype
+    assert torch.equal(*states) and not torch.equal(states[0][6], conv_state[6])  # the snapshot was taken
     assert_close(got, want, 1e-6 if dtype == torch.float32 else 1e-2)
 
 

@@ -160,7 +160,7 @@ def test_static_chunk_plans_are_valid_before_the_first_step():
         assert plan.token_cols.shape == (t,) and plan.token_cols.min() >= width
         assert plan.token_cols.max() < plan.buffer_len and plan.state_cols.max() < plan.buffer_len
         assert plan.seq_chunks.eq(0).all()  # no sequence runs a chunk
-        assert plan.save_slots.eq(scratch).all() and plan.row_slots.eq(-1).all() and plan.step_rows.eq(-1).all()
+        assert plan.save_slots.eq(-1).all() and plan.row_slots.eq(-1).all() and plan.step_rows.eq(-1).all()
         assert plan.scan_seqs.eq(-1).all()
         assert plan.save_cols.max() < plan.buffer_len and plan.reads.min() >= 0
 

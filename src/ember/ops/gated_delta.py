@@ -164,7 +164,7 @@ class ChunkPlan:
     save_after: torch.Tensor  # the same, int32 on the device
     # (slot, sequence): a state due before the sequence's first token (a cut at offset 0) is its initial state
     initial_saves: list[tuple[int, int]]
-    save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct
+    save_slots: torch.Tensor  # [M] int64 slot of each due state (snapshots, working slots), distinct; -1: spare
     save_cols: torch.Tensor  # [M, width] conv buffer rows of each slot's window
     row_slots: torch.Tensor  # [num_rows, K] int64 the slots of each saved row (the scan writes them), -1 padding
     reads: torch.Tensor  # [S] int64 slot of each sequence's state before the chunk (clamped to >= 0)
@@ -203,11 +203,14 @@ class ChunkPlan:
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
-                 per_sequence: bool | None = None) -> torch.Tensor:
+                 conv_state: torch.Tensor, per_sequence: bool | None = None) -> torch.Tensor:
     """SiLU of the depthwise conv of each token's window: buf [buffer_len, C] (varlen_causal_conv1d's), weight
-    [C, K] -> [T, C] in out_dtype, token t's window being buffer rows plan.token_cols[t] - (K-1) .. token_cols[t].
-    per_sequence: one conv per sequence (the default on CPU, where each conv's inputs stay in cache) or one over
-    the whole buffer."""
+    [C, K] -> [T, C] in out_dtype, token t's window being buffer rows plan.token_cols[t] - (K-1) .. token_cols[t];
+    and the windows due (buffer rows plan.save_cols) written into their slots of conv_state [num_slots, C, K-1]
+    (plan.save_slots; -1: a captured plan's spare entry). per_sequence: one conv per sequence (the default on CPU,
+    where each conv's inputs stay in cache) or one over the whole buffer."""
+    due = plan.save_slots >= 0
+    conv_state.index_copy_(0, plan.save_slots[due], buf[plan.save_cols[due]].transpose(1, 2).to(conv_state.dtype))
     channels, width = weight.shape[0], plan.width
     if not (per_sequence if per_sequence is not None else not buf.is_cuda):
         # one conv over the whole buffer; column j of its output is the window ending at row j + K-1
@@ -227,15 +230,15 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
 def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, plan: ChunkPlan,
                          windows=conv_windows) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
-    conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh). Returns ([T, C] outputs, the
-    [buffer_len, C] inputs buffer, whose rows plan.save_cols are the windows due). `windows`: conv_windows (the
-    default) or a kernel with its signature."""
+    conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh), then the windows due written into
+    their slots (plan.save_slots). Returns ([T, C] outputs, the [buffer_len, C] inputs buffer). `windows`:
+    conv_windows (the default) or a kernel with its signature."""
     channels = weight.shape[0]
     buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
     start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
     buf[plan.state_cols] = start.transpose(1, 2)
     buf[plan.token_cols] = x.to(weight.dtype)
-    return windows(buf, weight, plan, x.dtype), buf
+    return windows(buf, weight, plan, x.dtype, conv_state), buf
 
 
 def initial_states(states: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
@@ -375,12 +378,10 @@ def gated_delta_prefill(mixed: torch.Tensor, conv_weight: torch.Tensor, g: torch
     mixed's dtype. Every read happens before any write, so a sequence may read and write one slot.
     """
     num_v_heads, head_k, head_v = ssm_state.shape[1:]
-    conv_out, buf = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
+    conv_out, _ = varlen_causal_conv1d(mixed, conv_weight, conv_state, plan, windows=windows)
     out = scan(*prepare(conv_out, g, beta, plan, num_k_heads, head_k, head_v), ssm_state, plan,
                out_dtype=mixed.dtype)
-    step(conv_out, g, beta, ssm_state, plan, out)  # its sequences' slots are none the scan reads or writes
-    if plan.save_slots.numel():
-        conv_state.index_copy_(0, plan.save_slots, buf[plan.save_cols].transpose(1, 2).to(conv_state.dtype))
+    step(conv_out, g, beta, ssm_state, plan, out)  # after the scan read every initial state
     return out
 
 

@@ -71,7 +71,7 @@ class StaticChunkPlans:
     chunks, 2 cuts per slot (a snapshot and the chunk's end) of 2 slots each, 2 conv saves and a recurrent step per
     slot. A step's host layout (ChunkLayout) is copied in padded: chunks past its own hold no tokens (no
     sequence's range reaches them; the prepare kernel returns at once), rows past its own name no slot, conv saves
-    past its own go into the scratch slot, spare scan and recurrent-step entries name no sequence or token (their
+    past its own name no slot, spare scan and recurrent-step entries name no sequence or token (their
     programs return at once). Steps that need more chunks or chunked sequences, or a state saved before their
     first token, run eagerly (fits)."""
 
@@ -86,9 +86,9 @@ class StaticChunkPlans:
                   "chunk_len": torch.int32, "fresh": torch.bool, "scan_seqs": torch.int32}
         self.dev = {k: torch.zeros(n, dtype=dtypes.get(k, torch.int64), device=device) for k, n in sizes.items()}
         self.host = {k: _host((n,), dtypes.get(k, torch.int64), is_pinned) for k, n in sizes.items()}
-        # until the first step, an empty plan for every t: no sequence has chunks, saves go to the scratch slot,
+        # until the first step, an empty plan for every t: no sequence has chunks, no state is saved,
         # and the conv reads whole windows (a token's buffer row is at least K - 1)
-        self.dev["save_slots"].fill_(scratch_slot)
+        self.dev["save_slots"].fill_(-1)
         self.dev["row_slots"].fill_(-1)
         self.dev["step_rows"].fill_(-1)
         self.dev["scan_seqs"].fill_(-1)
@@ -160,7 +160,7 @@ class StaticChunkPlans:
         h["state_cols"][: s_max * w] = lay.state_cols.ravel()
         for key, pad in (("save_after", -1), ("chunk_first", 0), ("chunk_len", 0)):
             put(key, getattr(lay, key), n_max, pad)
-        put("save_slots", lay.save_slots, 2 * s_max, self.scratch_slot)
+        put("save_slots", lay.save_slots, 2 * s_max, -1)
         put("save_cols", lay.save_cols.ravel(), 2 * s_max * w, 0)
         put("step_rows", lay.step_rows, s_max, -1)
         put("step_reads", lay.step_reads, s_max, 0)
