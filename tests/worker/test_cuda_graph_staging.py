@@ -145,6 +145,17 @@ def test_static_buffer_mixed_steps_equal_eager(name, hf_models, hybrid_models):
         assert_same_states(staged, eager)
 
 
+def test_hybrid_mixed_graphs_need_the_chunked_state_kernels(hf_models, hybrid_models, monkeypatch):
+    """A chunked Gated DeltaNet op kept on its torch reference (EMBER_TRITON_SKIP) plans on the host: a hybrid
+    model then captures no mixed-step graphs, while a model without recurrent state still does."""
+    hybrid = make_llm(hybrid_models("qwen3_5")[0], max_num_batched_tokens=48).engine.runner
+    plain = make_llm(hf_models("qwen3")[0], max_num_batched_tokens=48).engine.runner
+    assert hybrid.mixed_token_sizes(64) == plain.mixed_token_sizes(64) == (16, 32, 48)
+    monkeypatch.setattr(ops, "SKIPPED", frozenset({"gated_delta_chunk_scan"}))
+    assert hybrid.mixed_token_sizes(64) == () and plain.mixed_token_sizes(64) == (16, 32, 48)
+    assert hybrid.make_graph_runner(4, use_graphs=False).token_sizes == []
+
+
 def state_seq(n: int, read: int, write: int, snapshots=()) -> ScheduledSeq:
     state = StateStep(read, write, snapshots)
     return ScheduledSeq(f"r{write}", [1] * n, 0, [], True, GREEDY, 0, [1] * n, [], [], state)

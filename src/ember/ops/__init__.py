@@ -18,8 +18,9 @@ SKIPPED = frozenset(filter(None, os.environ.get("EMBER_TRITON_SKIP", "").split("
 TRITON_ON_CPU = False
 
 
-def triton_enabled() -> bool:
-    return USE_TRITON
+def triton_enabled(*ops: str) -> bool:
+    """Whether the Triton kernels run on CUDA: all of them, or with names, those ops (none in EMBER_TRITON_SKIP)."""
+    return USE_TRITON and not SKIPPED.intersection(ops)
 
 
 def _select(name: str, reference: Callable) -> Callable:

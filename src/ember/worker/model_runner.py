@@ -46,6 +46,10 @@ PROMPT_LOGPROBS_ROWS = 1024
 # one-token sequences in warm_up's mixed step: at least ops.triton.attention.MIXED_DECODE_MIN_SEQS (16), so that the
 # mixed-step decode path runs, and its rows at least ops.triton.reduce.MIN_ROWS, so that the argmax kernels do
 MIXED_STEP_DECODES = 16
+# the chunked Gated DeltaNet ops of a mixed step: a hybrid's mixed graphs need their Triton kernels (the torch
+# references plan on the host and index by masks)
+CHUNKED_STATE_OPS = ("gated_delta_chunk_prepare", "gated_delta_chunk_scan", "gated_delta_conv_windows",
+                     "gated_delta_step_rows")
 
 
 @dataclass(slots=True)
@@ -272,8 +276,11 @@ class ModelRunner:
     def mixed_token_sizes(self, max_blocks: int) -> tuple[int, ...]:
         """Token counts of the mixed-step graphs: GRAPH_TOKEN_SIZES within the token budget and the block tables'
         width, below the length from which a sequence's prefill goes to flash attention (a captured step cannot
-        route by length), the last one raised to that limit; none with EMBER_MIXED_GRAPHS=0."""
+        route by length), the last one raised to that limit; none with EMBER_MIXED_GRAPHS=0, nor for a model with
+        recurrent state whose chunked Gated DeltaNet ops are torch references (they plan on the host)."""
         if os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
+            return ()
+        if self.state_cache.layers and not ops.triton_enabled(*CHUNKED_STATE_OPS):
             return ()
         limit = min(self.cache_cfg.max_num_batched_tokens, max_blocks * self.block_size, GRAPH_TOKEN_SIZES[-1])
         if ops.triton_enabled():
