@@ -13,14 +13,13 @@ import argparse
 import gc
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from ember import LLM, SamplingParams
-from ember.demo import SHAPES, make_demo_model
+from ember.demo import SHAPES, dummy_model_dir
 
 
 def main() -> None:
@@ -38,9 +37,7 @@ def main() -> None:
     lens = [rng.randint(lo, hi) for _ in range(args.requests)]
     results = []
     for shape in args.shapes.split(","):
-        model_dir = make_demo_model(tempfile.mkdtemp(), shape, with_weights=False)
-        (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
-        llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=args.prompt_len + hi + 16,
+        llm = LLM(str(dummy_model_dir(shape)), load_format="dummy", dtype="bfloat16", max_model_len=args.prompt_len + hi + 16,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, progress=False)
         vocab = SHAPES[shape]["vocab_size"]
         prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len)] for _ in range(args.requests)]

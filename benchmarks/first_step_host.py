@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from ember import LLM, SamplingParams
-from ember.demo import make_demo_model
+from ember.demo import dummy_model_dir
 
 
 def main() -> None:
@@ -32,9 +30,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    model_dir = make_demo_model(tempfile.mkdtemp(), args.shape, with_weights=False)
-    (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)  # token ids in, no detokenization
-    llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16" if cuda else "float32", device=args.device,
+    llm = LLM(str(dummy_model_dir(args.shape)), load_format="dummy", dtype="bfloat16" if cuda else "float32", device=args.device,
               max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=32768, enable_prefix_caching=False,
               progress=False)
     engine, runner = llm.engine, llm.engine.runner

@@ -22,14 +22,13 @@ import io
 import json
 import pstats
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from ember import LLM, SamplingParams
-from ember.demo import make_demo_model
+from ember.demo import dummy_model_dir
 
 
 def prompt(n: int, vocab: int, seed: int) -> list[int]:
@@ -115,9 +114,7 @@ def main() -> None:
     lens = [int(x) for x in args.lens.split(",")]
     results = []
     for shape in args.shapes.split(","):
-        model_dir = make_demo_model(tempfile.mkdtemp(), shape, with_weights=False)
-        (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
-        llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=max(lens) + 64,
+        llm = LLM(str(dummy_model_dir(shape)), load_format="dummy", dtype="bfloat16", max_model_len=max(lens) + 64,
                   max_num_seqs=64, enable_prefix_caching=False, progress=False)
         vocab = llm.engine.runner.vocab_size
         for n in lens:

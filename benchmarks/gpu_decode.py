@@ -27,7 +27,6 @@ import json
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from datetime import datetime
@@ -384,14 +383,11 @@ def free_memory() -> None:
 
 def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
     from ember import LLM
-    from ember.demo import SHAPES, make_demo_model
+    from ember.demo import SHAPES, dummy_model_dir
 
     cfg = SHAPES[shape]
     vocab = cfg["vocab_size"]
-    model_dir = str(make_demo_model(tempfile.mkdtemp(prefix=f"ember-{shape}-"), shape, with_weights=False))
-    # no detokenization: random weights emit ids far outside the demo tokenizer's 4k vocabulary, which its
-    # incremental detokenizer handles pathologically slowly (tokens are still counted, as in vLLM with detokenize=False)
-    (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
+    model_dir = str(dummy_model_dir(shape))  # no tokenizer: token ids in and out
     max_model_len = min(cfg["max_position_embeddings"], args.prefill_len + 256)
     prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
     batches = [int(x) for x in args.batches.split(",")]

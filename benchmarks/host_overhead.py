@@ -47,7 +47,6 @@ import platform
 import pstats
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -278,11 +277,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print cProfile's top functions of one run")
     ap.add_argument("--out", default=None, help="write the table to this file")
     args = ap.parse_args()
-    from ember.demo import make_demo_model
+    from ember.demo import dummy_model_dir
 
-    with_tokenizer = make_demo_model(tempfile.mkdtemp(prefix="ember-host-"), SHAPE, with_weights=False)
-    model_dir = make_demo_model(tempfile.mkdtemp(prefix="ember-host-"), SHAPE, with_weights=False)
-    (model_dir / "tokenizer.json").unlink()  # as gpu_decode: no detokenization
+    with_tokenizer, model_dir = dummy_model_dir(SHAPE, tokenizer=True), dummy_model_dir(SHAPE)
     rows = [("prefix-cache off", model_dir, False, False), ("prefix-cache on", model_dir, True, False),
             ("on, detokenize", with_tokenizer, True, False), ("on, gc frozen", model_dir, True, True)]
     modes = {"serial": False} if args.serial_only else {"serial": False, "async": True}

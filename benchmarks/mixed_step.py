@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from ember import LLM
-from ember.demo import make_demo_model
+from ember.demo import dummy_model_dir
 from ember.engine.scheduler import SchedulerOutput
 
 
@@ -51,9 +50,7 @@ def main() -> None:
     lens = [int(x) for x in args.lens.split(",")]
     results = []
     for shape in args.shapes.split(","):
-        model_dir = make_demo_model(tempfile.mkdtemp(), shape, with_weights=False)
-        (Path(model_dir) / "tokenizer.json").unlink(missing_ok=True)
-        llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024,
+        llm = LLM(str(dummy_model_dir(shape)), load_format="dummy", dtype="bfloat16", max_model_len=1024,
                   max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, progress=False)
         runner = llm.engine.runner
         cases = [(k, n) for k in decodes for n in lens]

@@ -125,6 +125,17 @@ def make_demo_model(out_dir: str | Path, shape: str = "tiny", with_weights: bool
     return out
 
 
+
+def dummy_model_dir(shape: str, tokenizer: bool = False, parent: str | Path | None = None) -> Path:
+    """A demo shape's config alone, in a new temporary directory, to run with load_format="dummy": how benchmarks
+    measure real shapes. Without its tokenizer unless asked: random weights emit ids far outside the demo
+    tokenizer's 4k vocabulary, which incremental detokenization handles pathologically slowly, so benchmarks pass
+    and count token ids (as vLLM with detokenize=False). parent: where the directory is made (the temp dir)."""
+    out = make_demo_model(tempfile.mkdtemp(prefix=f"ember-{shape}-", dir=parent), shape, with_weights=False)
+    if not tokenizer:
+        (out / "tokenizer.json").unlink()
+    return out
+
 def cache_dir() -> Path:
     base = os.environ.get("EMBER_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "ember")

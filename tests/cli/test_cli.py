@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from ember import LLM, SamplingParams
+from ember.demo import dummy_model_dir
+
 
 def ember(*args: str, cache_dir) -> subprocess.CompletedProcess:
     env = {**os.environ, "EMBER_CACHE_DIR": str(cache_dir)}
@@ -70,6 +73,16 @@ def test_make_demo_model_and_bad_input(cache_dir, tmp_path):
     assert bad.returncode == 2 and "does not exist" in bad.stderr
     bad = ember("generate", str(tmp_path / "m"), "--temperature", "-1", cache_dir=cache_dir)
     assert bad.returncode == 2 and "temperature" in bad.stderr
+
+
+def test_dummy_model_dir_runs_on_token_ids(tmp_path):
+    """What benchmarks load: a shape's config alone (random weights at load), token ids in and out."""
+    d = dummy_model_dir("tiny", parent=tmp_path)
+    assert (d / "config.json").exists() and not (d / "tokenizer.json").exists() and not list(d.glob("*.safetensors"))
+    llm = LLM(str(d), load_format="dummy", dtype="float32", device="cpu", progress=False)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 4 and out.text == ""
+    assert (dummy_model_dir("tiny", tokenizer=True, parent=tmp_path) / "tokenizer.json").exists()
 
 
 def test_hybrid_demo_shapes_are_config_only(cache_dir, tmp_path):
