@@ -473,11 +473,7 @@ class ModelRunner:
             return self._sample(logits, out.seqs, StepHandle(out.seqs))
         if self.graphs is not None and self.graphs.can_run_mixed(out.seqs):
             handle = StepHandle([seq for seq in out.seqs if seq.do_sample])
-            logits = self.graphs.run_mixed(out.seqs)
-            if not handle.sample_seqs:
-                self._last_token_ids, self._last_req_ids = None, []
-                return handle
-            return self._sample(logits, handle.sample_seqs, handle)
+            return self._sample(self.graphs.run_mixed(out.seqs), handle.sample_seqs, handle)
         return self._launch_eager(out)
 
     @torch.inference_mode()
@@ -488,10 +484,7 @@ class ModelRunner:
             self._copy_decode_snapshots(out.seqs)
         handle = StepHandle(inputs.sample_seqs)
         self._prompt_logprobs(out, hidden, inputs, handle.prompt_logprobs)
-        if not inputs.sample_seqs:
-            self._last_token_ids, self._last_req_ids = None, []
-            return handle
-        logits = self.model.compute_logits(hidden[inputs.sample_idx])
+        logits = self.model.compute_logits(hidden[inputs.sample_idx]) if inputs.sample_seqs else None
         return self._sample(logits, inputs.sample_seqs, handle)
 
     def _copy_decode_snapshots(self, seqs: list[ScheduledSeq]) -> None:
@@ -503,9 +496,12 @@ class ModelRunner:
             self.state_cache.copy_slots(_device_tensor(src, torch.int64, self.device),
                                         _device_tensor(dst, torch.int64, self.device))
 
-    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], handle: StepHandle) -> StepHandle:
+    def _sample(self, logits: torch.Tensor | None, seqs: list[ScheduledSeq], handle: StepHandle) -> StepHandle:
         """Samples on the device, keeps the ids there for the next step's placeholders and starts their copy to
-        the host (with logprobs), behind an event on CUDA."""
+        the host (with logprobs), behind an event on CUDA. No seqs (prompt chunks only): nothing to sample or keep."""
+        if not seqs:
+            self._last_token_ids, self._last_req_ids = None, []
+            return handle
         lp = None
         if all(_is_plain_greedy(s) for s in seqs):  # the sampler would take the argmax: skip its metadata
             token_ids = ops.row_argmax(logits)  # in the model dtype: float32 would round-trip the same values
