@@ -5,7 +5,7 @@ ModelRunner.launch + result() (the step's sampled ids on the host), medians over
   eager    the same step through ModelRunner._launch_eager
 Every token writes its KV into the scratch block and its recurrent state into the scratch slot (the start-up
 warm-up's sequences, ModelRunner.scratch_seq), so the steps repeat. EMBER_STATE_MIXED_SEQS sets how many sequence
-slots a hybrid model's mixed graphs have (64).
+slots a hybrid model's mixed graphs have (256).
 
     python benchmarks/mixed_step.py [--shapes qwen3-8b,qwen3_5-default] [--decodes 0,15,31,63] [--lens 128,512]
         [--max-num-seqs 64] [--out PREFIX]

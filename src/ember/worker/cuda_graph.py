@@ -45,11 +45,12 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
 # 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
 GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS): a slot
-# costs a conv window and a recurrent-step program that returns at once where the slot is empty. On an H100 64
-# rather than 16 cost a lone 128-token prompt 0.1 ms and took a step of 31 decodes and a 128-token prompt from 58 ms
-# (eager: it did not fit 16) to 28 (benchmarks/mixed_step.py, NOTES v21)
-STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "64"))
+# sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS), at most
+# t per t-token graph: a slot costs a conv window gathered and a recurrent-step program that returns at once where the
+# slot is empty. On an H100 (qwen3_5-default, NOTES v22) 256 rather than 64 cost a lone 128-token prompt ~0.5 ms
+# (11.4 -> 11.9 ms: its graph has 128 slots) and took 256 sequences' continuous admission from 7,600 to 8,170 tok/s
+# (steps of more than 64 sequences were eager: 36.5 ms for 255 decodes and a prompt, 27.6 graphed)
+STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "256"))
 # of those, the most that run chunks (prompt chunks; decode rows take the recurrent step), the padding sequence
 # counted (EMBER_STATE_MIXED_CHUNKED): each adds a chunk of room (qwen3_5-default: 4.7 MB of the prepare kernel's
 # outputs) and a scan program per head and Dv block; steps with more run eagerly
