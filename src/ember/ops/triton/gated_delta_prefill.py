@@ -80,8 +80,9 @@ def _window_copy_kernel(buf_ptr, cols_ptr, slots_ptr, fresh_ptr, state_ptr, chan
     into the buffer (a sequence's window before its first token; zeros where fresh[i]) or, TO_STATE, into the slot
     (a window due; slot -1: a captured plan's spare entry)."""
     slot = tl.load(slots_ptr + tl.program_id(0)).to(tl.int64)
-    if TO_STATE and slot < 0:
-        return
+    if TO_STATE:
+        if slot < 0:
+            return
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     j = tl.arange(0, W_PAD)
     rows = tl.load(cols_ptr + tl.program_id(0) * WIDTH + j, mask=j < WIDTH, other=0).to(tl.int64)
