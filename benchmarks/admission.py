@@ -37,8 +37,9 @@ def main() -> None:
     lens = [rng.randint(lo, hi) for _ in range(args.requests)]
     results = []
     for shape in args.shapes.split(","):
-        llm = LLM(str(dummy_model_dir(shape)), load_format="dummy", dtype="bfloat16", max_model_len=args.prompt_len + hi + 16,
-                  max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, progress=False)
+        llm = LLM(str(dummy_model_dir(shape)), load_format="dummy", dtype="bfloat16",
+                  max_model_len=args.prompt_len + hi + 16, max_num_seqs=args.max_num_seqs,
+                  enable_prefix_caching=False, progress=False)
         vocab = SHAPES[shape]["vocab_size"]
         prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len)] for _ in range(args.requests)]
         params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lens]

@@ -30,9 +30,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     cuda = args.device == "cuda"
-    llm = LLM(str(dummy_model_dir(args.shape)), load_format="dummy", dtype="bfloat16" if cuda else "float32", device=args.device,
-              max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=32768, enable_prefix_caching=False,
-              progress=False)
+    llm = LLM(str(dummy_model_dir(args.shape)), load_format="dummy", dtype="bfloat16" if cuda else "float32",
+              device=args.device, max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=32768,
+              enable_prefix_caching=False, progress=False)
     engine, runner = llm.engine, llm.engine.runner
     marks: dict[str, float] = {}
 

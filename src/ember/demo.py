@@ -125,7 +125,6 @@ def make_demo_model(out_dir: str | Path, shape: str = "tiny", with_weights: bool
     return out
 
 
-
 def dummy_model_dir(shape: str, tokenizer: bool = False, parent: str | Path | None = None) -> Path:
     """A demo shape's config alone, in a new temporary directory, to run with load_format="dummy": how benchmarks
     measure real shapes. Without its tokenizer unless asked: random weights emit ids far outside the demo
@@ -135,6 +134,7 @@ def dummy_model_dir(shape: str, tokenizer: bool = False, parent: str | Path | No
     if not tokenizer:
         (out / "tokenizer.json").unlink()
     return out
+
 
 def cache_dir() -> Path:
     base = os.environ.get("EMBER_CACHE_DIR") or os.path.join(
