@@ -43,7 +43,7 @@ def test_every_launch_fits_a_hopper_sm():
     launched = [r for r in records if not r.get("rejected")]
     kernels = {(r["op"], r["kernel"]) for r in launched}
     assert {("qwen3_5_prefill", k) for k in ("_chunk_prepare_kernel", "_chunk_scan_kernel", "_conv_windows_kernel",
-                                             "_delta_rule_step_kernel")} <= kernels
+                                             "_window_copy_kernel", "_delta_rule_step_kernel")} <= kernels
     assert {("qwen3_5_decode_256", k) for k in DECODE_KERNELS} <= kernels
     # a float32 model: float32 activations through the same kernels (the scan may step down its pipeline)
     assert {("qwen3_5_float32", k) for k in DECODE_KERNELS + ("_chunk_prepare_kernel", "_chunk_scan_kernel")} <= kernels

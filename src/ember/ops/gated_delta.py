@@ -204,11 +204,14 @@ class ChunkPlan:
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
                  conv_state: torch.Tensor, per_sequence: bool | None = None) -> torch.Tensor:
-    """SiLU of the depthwise conv of each token's window: buf [buffer_len, C] (varlen_causal_conv1d's), weight
-    [C, K] -> [T, C] in out_dtype, token t's window being buffer rows plan.token_cols[t] - (K-1) .. token_cols[t];
-    and the windows due (buffer rows plan.save_cols) written into their slots of conv_state [num_slots, C, K-1]
-    (plan.save_slots; -1: a captured plan's spare entry). per_sequence: one conv per sequence (the default on CPU,
-    where each conv's inputs stay in cache) or one over the whole buffer."""
+    """SiLU of the depthwise conv of each token's window: buf [buffer_len, C] (varlen_causal_conv1d's, holding
+    the tokens), weight [C, K] -> [T, C] in out_dtype, token t's window being buffer rows plan.token_cols[t] - (K-1)
+    .. token_cols[t]. First each sequence's window before its first token is filled in (buffer rows
+    plan.state_cols) from its read slot of conv_state [num_slots, C, K-1] (plan.reads; zeros where plan.fresh);
+    last the windows due (buffer rows plan.save_cols) are written into their slots (plan.save_slots; -1: a captured
+    plan's spare entry). per_sequence: one conv per sequence (the default on CPU, where each conv's inputs stay in
+    cache) or one over the whole buffer."""
+    buf[plan.state_cols] = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(buf.dtype).transpose(1, 2)
     due = plan.save_slots >= 0
     conv_state.index_copy_(0, plan.save_slots[due], buf[plan.save_cols[due]].transpose(1, 2).to(conv_state.dtype))
     channels, width = weight.shape[0], plan.width
@@ -232,11 +235,10 @@ def varlen_causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torc
     """Depthwise causal conv + SiLU over a step's sequences at once. x: [T, C] the tokens; weight: [C, K];
     conv_state: [num_slots, C, K-1] read at plan.reads (zeros where fresh), then the windows due written into
     their slots (plan.save_slots). Returns ([T, C] outputs, the [buffer_len, C] inputs buffer). `windows`:
-    conv_windows (the default) or a kernel with its signature."""
+    conv_windows (the default) or a kernel with its signature, which also moves the windows between the buffer
+    and conv_state."""
     channels = weight.shape[0]
     buf = x.new_empty(plan.buffer_len, channels, dtype=weight.dtype)  # token-major: row scatters and gathers
-    start = conv_state[plan.reads].masked_fill(plan.fresh, 0).to(weight.dtype)  # [S, C, K-1]
-    buf[plan.state_cols] = start.transpose(1, 2)
     buf[plan.token_cols] = x.to(weight.dtype)
     return windows(buf, weight, plan, x.dtype, conv_state), buf
 

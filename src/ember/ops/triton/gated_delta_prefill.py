@@ -1,6 +1,7 @@
-"""A prefill step's Gated DeltaNet core: the conv's windows (ember.ops.gated_delta.conv_windows: depthwise conv +
-SiLU of each token's window in the step's token-major conv buffer, then the windows due copied into their slots,
-spare entries of a captured plan skipped), and the chunked gated delta rule in two launches, with the signatures of
+"""A prefill step's Gated DeltaNet core: the conv's windows (ember.ops.gated_delta.conv_windows: each sequence's
+window before its first token copied in from its state slot, depthwise conv + SiLU of each token's window in the
+step's token-major conv buffer, then the windows due copied into their slots, a captured plan's spare entries
+skipped), and the chunked gated delta rule in two launches, with the signatures of
 the torch references chunk_prepare and chunk_scan (ops.gated_delta.gated_delta_prefill runs them in turn):
 
 1. chunk_prepare, grid (chunk, value head): the chunk's tokens read straight from the conv output (the plan's
@@ -72,18 +73,28 @@ def _conv_windows_kernel(buf_ptr, w_ptr, cols_ptr, out_ptr, num_tokens, channels
 
 
 @triton.jit
-def _save_windows_kernel(buf_ptr, cols_ptr, slots_ptr, state_ptr, channels, stride_buf, stride_slot, stride_ch,
-                         WIDTH: tl.constexpr, W_PAD: tl.constexpr, BLOCK_C: tl.constexpr):
+def _window_copy_kernel(buf_ptr, cols_ptr, slots_ptr, fresh_ptr, state_ptr, channels, stride_buf, stride_slot,
+                        stride_ch, TO_STATE: tl.constexpr, WIDTH: tl.constexpr, W_PAD: tl.constexpr,
+                        BLOCK_C: tl.constexpr):
+    """One conv window per program (x a channel block) between buffer rows cols[i] and conv state slot slots[i]:
+    into the buffer (a sequence's window before its first token; zeros where fresh[i]) or, TO_STATE, into the slot
+    (a window due; slot -1: a captured plan's spare entry)."""
     slot = tl.load(slots_ptr + tl.program_id(0)).to(tl.int64)
-    if slot < 0:  # a captured plan's spare save
-        return
+    if TO_STATE:
+        if slot < 0:
+            return
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     j = tl.arange(0, W_PAD)
     rows = tl.load(cols_ptr + tl.program_id(0) * WIDTH + j, mask=j < WIDTH, other=0).to(tl.int64)
     mask = (ch < channels)[:, None] & (j < WIDTH)[None, :]
-    x = tl.load(buf_ptr + rows[None, :] * stride_buf + ch[:, None], mask=mask)  # [BLOCK_C, W_PAD]: the window
-    tl.store(state_ptr + slot * stride_slot + ch[:, None] * stride_ch + j[None, :], x.to(state_ptr.dtype.element_ty),
-             mask=mask)
+    buf = buf_ptr + rows[None, :] * stride_buf + ch[:, None]  # [BLOCK_C, W_PAD]: the window, channel-major
+    state = state_ptr + slot * stride_slot + ch[:, None] * stride_ch + j[None, :]
+    if TO_STATE:
+        tl.store(state, tl.load(buf, mask=mask).to(state_ptr.dtype.element_ty), mask=mask)
+    else:
+        carried = tl.where(tl.load(fresh_ptr + tl.program_id(0)) == 0, WIDTH, 0)  # columns read from the slot
+        x = tl.load(state, mask=(ch < channels)[:, None] & (j < carried)[None, :], other=0.0)
+        tl.store(buf, x.to(buf_ptr.dtype.element_ty), mask=mask)
 
 
 def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_dtype: torch.dtype,
@@ -92,20 +103,27 @@ def conv_windows(buf: torch.Tensor, weight: torch.Tensor, plan: ChunkPlan, out_d
     cols = plan.token_cols
     assert buf.shape[1] == channels and buf.stride(1) == 1 and weight.stride(1) == 1 and kernel == plan.width + 1
     assert conv_state.shape[1:] == (channels, plan.width) and conv_state.stride(2) == 1
-    assert plan.save_cols.is_contiguous()
+    assert plan.save_cols.is_contiguous() and plan.state_cols.is_contiguous()
     out = torch.empty(cols.shape[0], channels, dtype=out_dtype, device=buf.device)
     block_c = min(256, triton.next_power_of_2(channels))
+
+    def copy(cols: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor, to_state: bool) -> None:
+        _window_copy_kernel[(slots.shape[0], triton.cdiv(channels, block_c))](
+            buf, cols, slots, fresh, conv_state, channels, buf.stride(0), conv_state.stride(0), conv_state.stride(1),
+            TO_STATE=to_state, WIDTH=plan.width, W_PAD=triton.next_power_of_2(plan.width), BLOCK_C=block_c,
+            num_warps=4,
+        )
+
+    fresh = plan.fresh.view(torch.uint8)
+    if plan.reads.numel():  # each sequence's window before its first token, from its read slot
+        copy(plan.state_cols, plan.reads, fresh, False)
     if cols.numel():
         _conv_windows_kernel[(triton.cdiv(cols.shape[0], 16), triton.cdiv(channels, block_c))](
             buf, weight, cols, out, cols.shape[0], channels, buf.stride(0), weight.stride(0), out.stride(0),
             KERNEL=kernel, BLOCK_T=16, BLOCK_C=block_c, num_warps=4,
         )
-    if plan.save_slots.numel():  # the windows due into their slots (after every read of conv_state: the caller's)
-        _save_windows_kernel[(plan.save_slots.shape[0], triton.cdiv(channels, block_c))](
-            buf, plan.save_cols, plan.save_slots, conv_state, channels, buf.stride(0), conv_state.stride(0),
-            conv_state.stride(1), WIDTH=plan.width, W_PAD=triton.next_power_of_2(plan.width), BLOCK_C=block_c,
-            num_warps=4,
-        )
+    if plan.save_slots.numel():  # the windows due into their slots, after every read of the state
+        copy(plan.save_cols, plan.save_slots, fresh, True)
     return out
 
 
