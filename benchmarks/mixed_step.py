@@ -57,10 +57,9 @@ def main() -> None:
         for k, n in tqdm(cases, desc=shape):
             seqs = [runner.scratch_seq(i, 1, 255) for i in range(k)] + [runner.scratch_seq(k, n, 0)]
             out = SchedulerOutput(seqs, k + n, [])
-            fits = runner.graphs is not None and runner.graphs.can_run_mixed(seqs)
-            row = dict(shape=shape, decodes=k, prompt_len=n, tokens=k + n,
-                       padded=runner.graphs.token_size(k + n) if fits else None,
-                       graphed_ms=timed(runner.launch, out, args.runs) if fits else None,
+            padded = runner.graphs.mixed_size(seqs, k + n) if runner.graphs is not None else None
+            row = dict(shape=shape, decodes=k, prompt_len=n, tokens=k + n, padded=padded,
+                       graphed_ms=timed(runner.launch, out, args.runs) if padded else None,
                        eager_ms=timed(runner._launch_eager, out, args.runs))
             results.append(row)
         llm.close()

@@ -151,7 +151,7 @@ def test_mixed_step_graphs_match_eager_steps(name, hf_models, hybrid_models, mon
         runner = gpu.engine.runner
         assert runner.graphs.token_sizes == ([] if graphs == "0" else [16, 32, 48, 64, 96])
         run = runner.graphs.run_mixed
-        runner.graphs.run_mixed = lambda seqs: mixed.append(len(seqs)) or run(seqs)
+        runner.graphs.run_mixed = lambda seqs, *size: mixed.append(len(seqs)) or run(seqs, *size)
         outs[graphs] = [o.outputs[0] for _ in range(2) for o in gpu.generate(prompts, params)]
         del gpu
     assert len(mixed) >= 4 and max(mixed) > 1

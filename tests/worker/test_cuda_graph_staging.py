@@ -71,7 +71,13 @@ def with_static_mixed_buffers(llm: LLM, token_sizes=(16, 32, 64)) -> list[tuple[
     runner.graphs = graphs = runner.make_graph_runner(4, use_graphs=False, token_sizes=token_sizes)
     steps: list[tuple[int, int]] = []
     run = graphs.run_mixed
-    graphs.run_mixed = lambda seqs: steps.append((len(seqs), sum(len(s.token_ids) for s in seqs))) or run(seqs)
+
+    def spy(seqs: list[ScheduledSeq], t: int, num_tokens: int):
+        assert num_tokens == sum(len(s.token_ids) for s in seqs) <= t  # the scheduler's count, the graph's size
+        steps.append((len(seqs), num_tokens))
+        return run(seqs, t, num_tokens)
+
+    graphs.run_mixed = spy
     return steps
 
 
@@ -190,14 +196,14 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
     seqs = [state_seq(1, 2, 2, ((1, 7),)), state_seq(70, -1, 3, ((48, 8),)), state_seq(20, 4, 4), state_seq(1, 5, 5),
             state_seq(1, -1, 6)]
     plans = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False)
-    assert plans.fits(seqs, t)
-    plan, copies = plans.stage(seqs, t)
+    num_tokens = 93
+    assert plans.fits(seqs, t, num_tokens)
+    plan, copies = plans.stage(seqs, t, num_tokens)
     for dst, src in copies:
         dst.copy_(src)
     assert plan.num_chunks == plans.chunks[t] == 2 + 6 + 2
     assert plan.step_rows.tolist() == [0, 91, 92, -1, -1, -1]  # the decodes; the padding sequence has 3 tokens
     assert plan.scan_seqs.tolist() == [1, 2, 5, -1, -1, -1]  # the scan's: the prompt chunks and the padding
-    num_tokens = 93
     own = gd.ChunkPlan.build([0, 1, 71, 91, 92, 93], [2, -1, 4, 5, -1], [2, 3, 4, 5, 6],
                              [((1, 7),), ((48, 8),), (), (), ()], kernel - 1, torch.device(DEVICE))
     weight, conv_state, ssm_state = make_layer(hk, hv, dk, dv, kernel, seed=11)
@@ -219,14 +225,17 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
         assert torch.equal(conv_a[:scratch], conv_b[:scratch])
     assert not torch.equal(states[1][1][7], ssm_state.to(DEVICE)[7])  # the snapshots were taken
 
-    assert not plans.fits(seqs + [state_seq(1, 9, 9)], t)  # 6 sequences: no slot left for the padding
-    assert not plans.fits([state_seq(4, 2, 2, ((0, 7),))], t)  # a state due before the first token
-    assert not plans.fits([state_seq(30, 2, 2, ((10, 7), (20, 8)))], t)  # two snapshots in one chunk
-    assert not plans.fits([state_seq(18, -1, i, ((3, 6 + i),)) for i in range(5)], t)  # 2 x 5 + 1 chunks > 10
+    def fits(plans: StaticChunkPlans, seqs: list[ScheduledSeq]) -> bool:
+        return plans.fits(seqs, t, sum(len(s.token_ids) for s in seqs))
+
+    assert not fits(plans, seqs + [state_seq(1, 9, 9)])  # 6 sequences: no slot left for the padding
+    assert not fits(plans, [state_seq(4, 2, 2, ((0, 7),))])  # a state due before the first token
+    assert not fits(plans, [state_seq(30, 2, 2, ((10, 7), (20, 8)))])  # two snapshots in one chunk
+    assert not fits(plans, [state_seq(18, -1, i, ((3, 6 + i),)) for i in range(5)])  # 2 x 5 + 1 chunks > 10
     few = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False, chunked=3)
-    assert few.fits(seqs, t) and few.chunks[t] == 2 + 3 + 2  # 2 prompt chunks and the padding; decodes take none
-    assert not few.fits(seqs[:3] + [state_seq(2, 5, 5), seqs[4]], t)  # 3 prompt chunks and the padding
+    assert fits(few, seqs) and few.chunks[t] == 2 + 3 + 2  # 2 prompt chunks and the padding; decodes take none
+    assert not fits(few, seqs[:3] + [state_seq(2, 5, 5), seqs[4]])  # 3 prompt chunks and the padding
     # a padding sequence of one token is a recurrent step, not a chunk
-    assert plans.fits([state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)], t)
+    assert fits(plans, [state_seq(19, -1, i, ((3, 6 + i),)) for i in range(5)])
 
 

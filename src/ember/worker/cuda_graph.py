@@ -117,13 +117,13 @@ class StaticChunkPlans:
             lay.buffer_starts.tolist() if lay else list(range(0, (s + 1) * w, w)), d["token_cols"],
             d["state_cols"].view(s, w), d["step_rows"], d["step_reads"], d["step_slots"].view(s, 2), d["scan_seqs"])
 
-    def fits(self, seqs: list[ScheduledSeq], t: int) -> bool:
-        """Whether the step's layout fits graph t's plan: chunks within chunks(t) and chunked(t), at most 2 cuts and
-        saves per sequence, no state due before a sequence's first token (the scan writes those after it, from host
-        lists). Sequences the recurrent step takes (takes_step) need no chunk."""
+    def fits(self, seqs: list[ScheduledSeq], t: int, num_tokens: int) -> bool:
+        """Whether the step's layout (num_tokens in all) fits graph t's plan: chunks within chunks(t) and
+        chunked(t), at most 2 cuts and saves per sequence, no state due before a sequence's first token (the scan
+        writes those after it, from host lists). Sequences the recurrent step takes (takes_step) need no chunk."""
         if len(seqs) >= self.slots[t]:
             return False
-        size, pad = self.chunk_size, t - sum(len(s.token_ids) for s in seqs)
+        size, pad = self.chunk_size, t - num_tokens
         chunked = int(pad > 0 and not takes_step(pad, ()))
         chunks = chunked * -(-pad // size)
         for s in seqs:
@@ -137,12 +137,12 @@ class StaticChunkPlans:
                 chunks += -(-cut // size) + -(-(n - cut) // size)
         return chunks <= self.chunks[t] and chunked <= self.chunked[t]
 
-    def stage(self, seqs: list[ScheduledSeq], t: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def stage(self, seqs: list[ScheduledSeq], t: int,
+              num_tokens: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Writes the step's layout (fits) into the host buffers; returns graph t's plan (with the step's host
         lists) and the (device, host) pairs to copy."""
         s_max, n_max, w = self.slots[t], self.chunks[t], self.width
-        n, num_tokens = len(seqs), sum(len(s.token_ids) for s in seqs)
-        empty = s_max - n - 1
+        empty = s_max - len(seqs) - 1
         lens = [len(s.token_ids) for s in seqs] + [t - num_tokens] + [0] * empty
         fresh = [-1] * (empty + 1)
         lay = ChunkLayout.build([0, *itertools.accumulate(lens)], [s.state.read_slot for s in seqs] + fresh,
@@ -333,20 +333,21 @@ class CudaGraphRunner:
         i = bisect.bisect_left(self.token_sizes, num_tokens)
         return self.token_sizes[i] if i < len(self.token_sizes) else None
 
-    def can_run_mixed(self, seqs: list[ScheduledSeq]) -> bool:
-        """Steps of up to the largest captured token count (prompt chunks, decodes among them); prompt logprobs
-        need every row's hidden state, so those run eagerly."""
-        t = self.token_size(sum(len(s.token_ids) for s in seqs))
+    def mixed_size(self, seqs: list[ScheduledSeq], num_tokens: int) -> int | None:
+        """The token count of the graph a mixed step of num_tokens runs through (run_mixed), or None where it runs
+        eagerly: steps of up to the largest captured token count (prompt chunks, decodes among them); prompt
+        logprobs need every row's hidden state, so those run eagerly."""
+        t = self.token_size(num_tokens)
         if t is None or len(seqs) > self.mixed_seqs[t]:
-            return False
+            return None
         for s in seqs:
             if len(s.block_ids) > self.max_blocks:
-                return False
+                return None
             if s.params.prompt_logprobs is not None and s.start_pos < len(s.prompt_token_ids) - 1:
-                return False
+                return None
             if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
-                return False
-        return self.chunk_plans is None or self.chunk_plans.fits(seqs, t)
+                return None
+        return t if self.chunk_plans is None or self.chunk_plans.fits(seqs, t, num_tokens) else None
 
     def _stage(self, seqs: list[ScheduledSeq], b: int) -> int:
         """Writes the step's inputs into the host staging buffers; returns the block tables' width."""
@@ -376,7 +377,7 @@ class CudaGraphRunner:
             table[n:b, 0] = 0
         return cols
 
-    def _stage_mixed(self, seqs: list[ScheduledSeq], t: int) -> tuple[int, int, list[int], list[int]]:
+    def _stage_mixed(self, seqs: list[ScheduledSeq], t: int, num_tokens: int) -> tuple[int, int, list[int], list[int]]:
         """Writes a mixed step's inputs into the host staging buffers: its tokens, then the padding sequence's rows
         up to t (token 0 at position 0, KV into scratch slot 0), the block tables (the padding sequence's row:
         the scratch block), lengths, query starts (empty slots after the padding sequence) and the rows to sample.
@@ -384,7 +385,6 @@ class CudaGraphRunner:
         n, bs, groups = len(seqs), self.block_size, self.num_kv_groups
         lens = [len(s.token_ids) for s in seqs]
         start_pos = [s.start_pos for s in seqs]
-        num_tokens = sum(lens)
         token_seq, positions = step_positions(start_pos, lens)
         h = self._h_i64.numpy()
         h[0, :num_tokens] = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64,
@@ -439,16 +439,15 @@ class CudaGraphRunner:
         for g in range(self.num_kv_groups):
             self.block_tables[g, :table_rows, :cols].copy_(self._table_stage[g, :size].view(table_rows, cols))
 
-    def run_mixed(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
-        """A mixed step (can_run_mixed) through the graph of its padded token count: copies the inputs into the
-        static buffers and replays; returns the logits of its sampled sequences, in order, in the model dtype (a
-        view of the graph's output, valid until the next replay)."""
+    def run_mixed(self, seqs: list[ScheduledSeq], t: int, num_tokens: int) -> torch.Tensor:
+        """A mixed step of num_tokens through graph t (mixed_size): copies the inputs into the static buffers and
+        replays; returns the logits of its sampled sequences, in order, in the model dtype (a view of the graph's
+        output, valid until the next replay)."""
         n = len(seqs)
-        t = self.token_size(sum(len(s.token_ids) for s in seqs))
         if self._staged is not None:
             self._staged.synchronize()
-        cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t)
-        plan, plan_copies = self.chunk_plans.stage(seqs, t) if self.chunk_plans is not None else (None, [])
+        cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t, num_tokens)
+        plan, plan_copies = self.chunk_plans.stage(seqs, t, num_tokens) if self.chunk_plans is not None else (None, [])
         s = self.mixed_seqs[t] + 1
         self._copy_staged(seqs, qsl[1: n + 1], t, s, n + 1, cols, [
             (self.mixed_query_start_loc[: s + 1], self._h_query_start[: s + 1]),

@@ -471,9 +471,10 @@ class ModelRunner:
             logits = self.graphs.run(out.seqs)
             self._copy_decode_snapshots(out.seqs)
             return self._sample(logits, out.seqs, StepHandle(out.seqs))
-        if self.graphs is not None and self.graphs.can_run_mixed(out.seqs):
+        t = self.graphs.mixed_size(out.seqs, out.num_batched_tokens) if self.graphs is not None else None
+        if t is not None:
             handle = StepHandle([seq for seq in out.seqs if seq.do_sample])
-            return self._sample(self.graphs.run_mixed(out.seqs), handle.sample_seqs, handle)
+            return self._sample(self.graphs.run_mixed(out.seqs, t, out.num_batched_tokens), handle.sample_seqs, handle)
         return self._launch_eager(out)
 
     @torch.inference_mode()
