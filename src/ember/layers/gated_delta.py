@@ -116,6 +116,4 @@ class GatedDeltaNet(nn.Module):
         # every sequence of the step at once; the chunk plan is built once per step and shared by the layers
         plan = meta.state.chunk_plan(meta.query_start_loc_cpu, self.a.conv_kernel - 1, mixed.device)
         return gd.gated_delta_prefill(mixed, self.conv1d.weight[:, 0], g, beta, self.state["conv"], self.state["ssm"],
-                                      plan, self.a.num_k_heads, prepare=ops.gated_delta_chunk_prepare,
-                                      scan=ops.gated_delta_chunk_scan, windows=ops.gated_delta_conv_windows,
-                                      step=ops.gated_delta_step_rows)
+                                      plan, self.a.num_k_heads, **ops.GATED_DELTA_CHUNKED)

@@ -56,6 +56,10 @@ gated_delta_chunk_prepare = _select("gated_delta_chunk_prepare", gated_delta.chu
 gated_delta_chunk_scan = _select("gated_delta_chunk_scan", gated_delta.chunk_scan)
 gated_delta_conv_windows = _select("gated_delta_conv_windows", gated_delta.conv_windows)
 gated_delta_step_rows = _select("gated_delta_step_rows", gated_delta.step_rows)
+# a chunked Gated DeltaNet step's ops by gated_delta.gated_delta_prefill's keywords: the layers pass them, and a
+# hybrid's mixed steps are captured only while all of them are Triton kernels (the torch references plan on the host)
+GATED_DELTA_CHUNKED = dict(prepare=gated_delta_chunk_prepare, scan=gated_delta_chunk_scan,
+                           windows=gated_delta_conv_windows, step=gated_delta_step_rows)
 linear = _select("linear", gemm.linear)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 act_mul_linear = _select("act_mul_linear", gemm.act_mul_linear)

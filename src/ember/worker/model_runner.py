@@ -46,12 +46,6 @@ PROMPT_LOGPROBS_ROWS = 1024
 # one-token sequences in warm_up's mixed step: at least ops.triton.attention.MIXED_DECODE_MIN_SEQS (16), so that the
 # mixed-step decode path runs, and its rows at least ops.triton.reduce.MIN_ROWS, so that the argmax kernels do
 MIXED_STEP_DECODES = 16
-# the chunked Gated DeltaNet ops of a mixed step: a hybrid's mixed graphs need their Triton kernels (the torch
-# references plan on the host and index by masks)
-CHUNKED_STATE_OPS = ("gated_delta_chunk_prepare", "gated_delta_chunk_scan", "gated_delta_conv_windows",
-                     "gated_delta_step_rows")
-
-
 @dataclass(slots=True)
 class TokenLogprobs:
     """Logprobs of one position: the chosen token first, then the top-k (ids, logprobs), and its rank."""
@@ -280,7 +274,7 @@ class ModelRunner:
         recurrent state whose chunked Gated DeltaNet ops are torch references (they plan on the host)."""
         if os.environ.get("EMBER_MIXED_GRAPHS", "1") == "0":
             return ()
-        if self.state_cache.layers and not ops.triton_enabled(*CHUNKED_STATE_OPS):
+        if self.state_cache.layers and not ops.triton_enabled(*(f.__name__ for f in ops.GATED_DELTA_CHUNKED.values())):
             return ()
         limit = min(self.cache_cfg.max_num_batched_tokens, max_blocks * self.block_size, GRAPH_TOKEN_SIZES[-1])
         if ops.triton_enabled():
