@@ -3,10 +3,18 @@ from __future__ import annotations
 
 
 def count_graph_steps(graphs) -> list[int]:
-    """The batch size of every step a graph runner (CudaGraphRunner) runs from now on."""
+    """The batch size of every step a graph runner (CudaGraphRunner) runs from now on; each step's logits must be
+    the runner's shared buffer."""
     sizes: list[int] = []
     run = graphs.run
-    graphs.run = lambda seqs: sizes.append(len(seqs)) or run(seqs)
+
+    def spy(seqs):
+        sizes.append(len(seqs))
+        logits = run(seqs)
+        assert logits.data_ptr() == graphs.logits.data_ptr()
+        return logits
+
+    graphs.run = spy
     return sizes
 
 

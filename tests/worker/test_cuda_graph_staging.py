@@ -75,7 +75,9 @@ def with_static_mixed_buffers(llm: LLM, token_sizes=(16, 32, 64)) -> list[tuple[
     def spy(seqs: list[ScheduledSeq], t: int, num_tokens: int):
         assert num_tokens == sum(len(s.token_ids) for s in seqs) <= t  # the scheduler's count, the graph's size
         steps.append((len(seqs), num_tokens))
-        return run(seqs, t, num_tokens)
+        logits = run(seqs, t, num_tokens)
+        assert not logits.numel() or logits.data_ptr() == graphs.logits.data_ptr()  # where decode steps write too
+        return logits
 
     graphs.run_mixed = spy
     return steps

@@ -147,8 +147,8 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
 
     def cache_specs(self) -> list[LayerCacheSpec]:
         a = self.args

@@ -9,6 +9,12 @@ from ember.layers.linear import load_slice
 from ember.parallel import get_tp
 
 
+def lm_logits(hidden: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """hidden @ weight^T (F.linear's GEMM), written into out where given: CUDA graphs of several batch sizes share
+    one logits buffer instead of each keeping its own in the graphs' memory pool."""
+    return F.linear(hidden, weight) if out is None else torch.mm(hidden, weight.t(), out=out)
+
+
 class VocabParallelEmbedding(nn.Module):
     """Each rank holds rows [start, start + per_rank) of the (padded) vocabulary; lookups of other ranks'
     tokens give zeros and one all-reduce assembles the embedding."""
@@ -34,10 +40,12 @@ class VocabParallelEmbedding(nn.Module):
         out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[:, None], 0.0)
         return self.tp.all_reduce(out)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden @ W^T over the whole vocabulary (the LM head, or tied embeddings used as one)."""
-        logits = F.linear(hidden, self.weight)
-        return self.tp.all_gather_last_dim(logits)[..., : self.vocab_size] if self.tp.size > 1 else logits
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden @ W^T over the whole vocabulary (the LM head, or tied embeddings used as one), into out if given."""
+        if self.tp.size == 1:
+            return lm_logits(hidden, self.weight, out)
+        logits = self.tp.all_gather_last_dim(F.linear(hidden, self.weight))[..., : self.vocab_size]
+        return logits if out is None else out.copy_(logits)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

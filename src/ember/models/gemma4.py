@@ -22,6 +22,7 @@ from torch import nn
 from ember import ops
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec, SharedKVSpec, SlidingWindowSpec
 from ember.layers.decoder import GatedMLP
+from ember.layers.embedding import lm_logits
 from ember.layers.linear import Linear, MergedLinear
 from ember.layers.loading import load_packed_weights
 from ember.layers.norm import RMSNorm
@@ -291,11 +292,11 @@ class Gemma4ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = torch.nn.functional.linear(hidden, weight)
+        logits = lm_logits(hidden, weight, out)
         cap = self.args.final_logit_softcapping
-        return logits if not cap else torch.tanh(logits / cap) * cap
+        return logits if not cap else logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap
 
     def cache_specs(self) -> list[LayerCacheSpec]:
         specs: list[LayerCacheSpec] = []

@@ -15,6 +15,7 @@ from torch import nn
 
 from ember.kv.spec import FullAttentionSpec, LayerCacheSpec
 from ember.layers.decoder import GatedMLP
+from ember.layers.embedding import lm_logits
 from ember.layers.gated_attention import GatedAttention
 from ember.layers.gated_delta import GatedDeltaArgs, GatedDeltaNet
 from ember.layers.linear import Linear
@@ -143,9 +144,9 @@ class Qwen3_5ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        return lm_logits(hidden, weight, out)
 
     def cache_specs(self) -> list[LayerCacheSpec]:
         a = self.args

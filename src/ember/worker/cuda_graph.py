@@ -178,13 +178,15 @@ class CudaGraphRunner:
     def __init__(self, model: nn.Module, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
                  device: torch.device, num_kv_groups: int = 1, state_scratch_slot: int | None = None,
                  use_graphs: bool = True, fill_placeholders: FillPlaceholders | None = None,
-                 token_sizes: Sequence[int] = (), state_width: int | None = None) -> None:
+                 token_sizes: Sequence[int] = (), state_width: int | None = None,
+                 logits: tuple[int, torch.dtype] | None = None) -> None:
         """state_scratch_slot: the slot padding rows write their recurrent state into (models with state slots).
         use_graphs=False keeps the static buffers and staging but no pinned memory, events or capture: run() calls
         the forward on the static buffers (the CPU test of what a graph would read). fill_placeholders: called on
         the static input ids once the staged ones are copied in, before the replay (the model runner's).
         token_sizes: the token counts of mixed-step graphs. state_width: the conv window (K - 1) of the recurrent
-        layers' chunk plans (models with state slots and mixed graphs)."""
+        layers' chunk plans (models with state slots and mixed graphs). logits: (vocabulary size, dtype) of the
+        buffer every step's logits are written into (default: each forward's own)."""
         self.model = model
         self.fill_placeholders = fill_placeholders
         self.block_size = block_size
@@ -228,11 +230,12 @@ class CudaGraphRunner:
         # the last step's copies out of the pinned staging buffers
         self._staged = torch.cuda.Event() if use_graphs else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
         self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # every mixed graph's logits, copied out of its pool: a graph's own [slots, vocab] logits would stay
-        # allocated per graph (qwen3-8b: 78 MB at 256 slots), copied out they are scratch the next capture reuses
-        self.mixed_logits: torch.Tensor | None = None
+        # every step's logits, written by the LM head's GEMM outside the graphs' memory pool: a graph's own
+        # [rows, vocab] output would stay allocated per graph (qwen3-8b: 78 MB at 256 rows, 265 MB over the
+        # decode sizes); in one buffer each replay overwrites the last one's
+        self.logits = None if logits is None else torch.empty(max(b, self.sample_rows.shape[0]), logits[0],
+                                                              dtype=logits[1], device=device)
 
     def _meta(self, b: int, max_seq_len: int = 0) -> AttentionMetadata:
         # decode-only layers read device tensors only; the host lists describe the padded batch's shape
@@ -274,11 +277,13 @@ class CudaGraphRunner:
 
     def _forward(self, b: int, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.model(self.input_ids[:b], self.positions[:b], meta)
-        return self.model.compute_logits(hidden)  # model dtype: greedy argmax needs no float32 copy
+        # model dtype: greedy argmax needs no float32 copy
+        return self.model.compute_logits(hidden, None if self.logits is None else self.logits[:b])
 
     def _forward_mixed(self, t: int, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.model(self.input_ids[:t], self.positions[:t], meta)
-        return self.model.compute_logits(hidden[self.sample_rows[: self.mixed_seqs[t]]])
+        s = self.mixed_seqs[t]
+        return self.model.compute_logits(hidden[self.sample_rows[:s]], None if self.logits is None else self.logits[:s])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -294,18 +299,10 @@ class CudaGraphRunner:
                 logits = forward(size, meta)
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
-            if mixed and self.mixed_logits is None:  # outside the graphs' pool
-                self.mixed_logits = torch.empty(self.sample_rows.shape[0], logits.shape[-1], dtype=logits.dtype,
-                                                device=logits.device)
             del logits
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = forward(size, meta)
-                if mixed:
-                    self.mixed_logits[: logits.shape[0]].copy_(logits)
-                else:
-                    self.logits[size] = logits
-                del logits
+                forward(size, meta)
             pool = graph.pool()
             (self.mixed_graphs if mixed else self.graphs)[size] = graph
         torch.cuda.synchronize()
@@ -455,7 +452,7 @@ class CudaGraphRunner:
         if not self.use_graphs:
             return self._forward_mixed(t, self._mixed_meta(t, (qsl, seq_lens), plan))[:num_sample]
         self.mixed_graphs[t].replay()
-        return self.mixed_logits[:num_sample]
+        return self.logits[:num_sample]
 
     def run(self, seqs: list[ScheduledSeq]) -> torch.Tensor:
         """Copies the step's inputs into the static buffers and replays; returns logits [n, V] in the model dtype
@@ -472,4 +469,4 @@ class CudaGraphRunner:
             max_seq_len = int(self._h_seq_lens[:n].max())
             return self._forward(b, self._meta(b, max_seq_len))[:n]
         self.graphs[b].replay()
-        return self.logits[b][:n]
+        return self.logits[:n]

@@ -265,7 +265,8 @@ class ModelRunner:
                       for t in spec.tensors if t.name == "conv"), None)
         return CudaGraphRunner(self.model, max_num_seqs, max_blocks, self.block_size, self.device,
                                max(1, len(self.kv_groups)), scratch, use_graphs, self._fill_placeholders,
-                               self.mixed_token_sizes(max_blocks) if token_sizes is None else token_sizes, width)
+                               self.mixed_token_sizes(max_blocks) if token_sizes is None else token_sizes, width,
+                               (self.vocab_size, self.dtype))
 
     def mixed_token_sizes(self, max_blocks: int) -> tuple[int, ...]:
         """Token counts of the mixed-step graphs: GRAPH_TOKEN_SIZES within the token budget and the block tables'
