@@ -100,7 +100,8 @@ def test_engine_runs_graph_and_eager_steps(hf_models):
     """Mixed prompt lengths, chunked prefill, a prefix hit and padded graph batches through the real engine."""
     model_dir, _ = hf_models("qwen3")
     gpu = LLM(str(model_dir), dtype="bfloat16", device="cuda", progress=False, kv_cache_gb=1,
-              max_num_batched_tokens=64)
+              max_num_batched_tokens=64, max_num_seqs=24)
+    assert gpu.engine.runner.graphs.batch_sizes[-1] == 24  # none captured past what the scheduler can batch
     g = torch.Generator().manual_seed(1)
     shared = torch.randint(3, 500, (48,), generator=g).tolist()
     prompts = [shared + torch.randint(3, 500, (n,), generator=g).tolist() for n in (1, 7, 90, 33, 5)]

@@ -164,6 +164,18 @@ def test_hybrid_mixed_graphs_need_the_chunked_state_kernels(hf_models, hybrid_mo
     assert hybrid.make_graph_runner(4, use_graphs=False).token_sizes == []
 
 
+def test_graph_sizes_from_the_environment(monkeypatch):
+    from ember.worker.cuda_graph import _sizes_from_env
+
+    assert _sizes_from_env("EMBER_TEST_SIZES", (1, 2)) == (1, 2)
+    monkeypatch.setenv("EMBER_TEST_SIZES", " 1,8,24 ")
+    assert _sizes_from_env("EMBER_TEST_SIZES", (1, 2)) == (1, 8, 24)
+    for bad, message in (("1,x", "comma-separated integers"), ("4,2", "ascending"), ("0,2", "positive")):
+        monkeypatch.setenv("EMBER_TEST_SIZES", bad)
+        with pytest.raises(ValueError, match=message):
+            _sizes_from_env("EMBER_TEST_SIZES", (1, 2))
+
+
 def state_seq(n: int, read: int, write: int, snapshots=()) -> ScheduledSeq:
     state = StateStep(read, write, snapshots)
     return ScheduledSeq(f"r{write}", [1] * n, 0, [], True, GREEDY, 0, [1] * n, [], [], state)

@@ -41,10 +41,27 @@ from ember.ops.gated_delta import ChunkLayout, ChunkPlan, takes_step
 from ember.worker.attn_metadata import AttentionMetadata, padded_tables, step_positions, token_slots
 from ember.worker.state_cache import StateMetadata
 
-GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# token counts of the captured mixed steps (below the flash-attention threshold, within the token budget): at most
-# 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from a few hundred tokens)
-GRAPH_TOKEN_SIZES = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+def _sizes_from_env(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A comma-separated list of ascending positive sizes from the environment variable name, else default."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+    if sizes[0] < 1 or any(a >= b for a, b in itertools.pairwise(sizes)):
+        raise ValueError(f"{name}={text!r}: the sizes must be positive and ascending")
+    return sizes
+
+
+# batch sizes of the captured decode steps (EMBER_GRAPH_BATCH_SIZES), the largest the most sequences a graph takes
+GRAPH_BATCH_SIZES = _sizes_from_env("EMBER_GRAPH_BATCH_SIZES", (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256))
+# token counts of the captured mixed steps (EMBER_GRAPH_TOKEN_SIZES; below the flash-attention threshold, within the
+# token budget): at most 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from
+# a few hundred tokens)
+GRAPH_TOKEN_SIZES = _sizes_from_env("EMBER_GRAPH_TOKEN_SIZES", (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
 # sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS), at most
 # t per t-token graph: a slot costs a conv window gathered and a recurrent-step program that returns at once where the
 # slot is empty. On an H100 (qwen3_5-default, NOTES v22) 256 rather than 64 cost a lone 128-token prompt ~0.5 ms

@@ -215,7 +215,8 @@ class ModelRunner:
         self._last_req_ids: list[str] = []
         self.graphs: CudaGraphRunner | None = None
         if self.device.type == "cuda" and ops.triton_enabled() and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0":
-            self.graphs = self.make_graph_runner(GRAPH_BATCH_SIZES[-1])
+            # no graphs for batches the scheduler never forms
+            self.graphs = self.make_graph_runner(min(self.cache_cfg.max_num_seqs, GRAPH_BATCH_SIZES[-1]))
             self.graphs.capture()
         if self.device.type == "cuda" and ops.triton_enabled():
             self.warm_up()
