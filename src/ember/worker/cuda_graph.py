@@ -56,12 +56,17 @@ def _sizes_from_env(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
     return sizes
 
 
-# batch sizes of the captured decode steps (EMBER_GRAPH_BATCH_SIZES), the largest the most sequences a graph takes
-GRAPH_BATCH_SIZES = _sizes_from_env("EMBER_GRAPH_BATCH_SIZES", (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256))
+# batch sizes of the captured decode steps (EMBER_GRAPH_BATCH_SIZES), the largest the most sequences a graph takes:
+# 8 apart to 64, 16 apart above, as a padded batch computes its padding rows too. On an H200 (NOTES v23) cuBLAS's
+# GEMMs of qwen3-8b grow steadily with the rows from 128 on (a layer's four: 129 us at 144 rows, 151 at 192), and
+# 136 sequences decoded 7.23 ms per step padded to 144 against 7.73 padded to 192; capture took 0.5 s longer
+GRAPH_BATCH_SIZES = _sizes_from_env("EMBER_GRAPH_BATCH_SIZES", (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112,
+                                                                128, 144, 160, 176, 192, 208, 224, 240, 256))
 # token counts of the captured mixed steps (EMBER_GRAPH_TOKEN_SIZES; below the flash-attention threshold, within the
-# token budget): at most 1.5x apart, as a step padded to the next size computes the padding too (compute-bound from
-# a few hundred tokens)
-GRAPH_TOKEN_SIZES = _sizes_from_env("EMBER_GRAPH_TOKEN_SIZES", (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
+# token budget): at most 1.5x apart, 1.25x from 256 on, where a step is compute-bound and pays for its padding in
+# full (qwen3-8b's four GEMMs of a layer on an H200: 313 us at 576 rows, 415 at 768)
+GRAPH_TOKEN_SIZES = _sizes_from_env("EMBER_GRAPH_TOKEN_SIZES", (16, 32, 48, 64, 96, 128, 192, 256, 320, 384, 448, 512,
+                                                                640, 768, 896, 1024))
 # sequence slots of a mixed graph of a model with recurrent state (StaticChunkPlans; EMBER_STATE_MIXED_SEQS), at most
 # t per t-token graph: a slot costs a conv window gathered and a recurrent-step program that returns at once where the
 # slot is empty. On an H100 (qwen3_5-default, NOTES v22) 256 rather than 64 cost a lone 128-token prompt ~0.5 ms
