@@ -71,7 +71,8 @@ GRAPH_TOKEN_SIZES = _sizes_from_env("EMBER_GRAPH_TOKEN_SIZES", (16, 32, 48, 64, 
 # t per t-token graph: a slot costs a conv window gathered and a recurrent-step program that returns at once where the
 # slot is empty. On an H100 (qwen3_5-default, NOTES v22) 256 rather than 64 cost a lone 128-token prompt ~0.5 ms
 # (11.4 -> 11.9 ms: its graph has 128 slots) and took 256 sequences' continuous admission from 7,600 to 8,170 tok/s
-# (steps of more than 64 sequences were eager: 36.5 ms for 255 decodes and a prompt, 27.6 graphed)
+# (steps of more than 64 sequences were eager: 36.5 ms for 255 decodes and a prompt, 27.6 graphed); since the conv
+# windows are copied by one kernel (NOTES v23) a slot costs less: on an H200 a lone prompt 10.28 -> 9.72 ms
 STATE_MIXED_SEQS = int(os.environ.get("EMBER_STATE_MIXED_SEQS", "256"))
 # of those, the most that run chunks (prompt chunks; decode rows take the recurrent step), the padding sequence
 # counted (EMBER_STATE_MIXED_CHUNKED): each adds a chunk of room (qwen3_5-default: 4.7 MB of the prepare kernel's
