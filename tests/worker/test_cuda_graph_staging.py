@@ -165,6 +165,8 @@ def test_hybrid_mixed_graphs_need_the_chunked_state_kernels(hf_models, hybrid_mo
 
 
 def test_graph_sizes_from_the_environment(monkeypatch):
+    """EMBER_GRAPH_BATCH_SIZES / EMBER_GRAPH_TOKEN_SIZES: ascending positive integers, or a message naming the
+    variable and what it takes."""
     from ember.worker.cuda_graph import _sizes_from_env
 
     assert _sizes_from_env("EMBER_TEST_SIZES", (1, 2)) == (1, 2)

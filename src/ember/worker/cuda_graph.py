@@ -311,6 +311,7 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         assert self.use_graphs, "a runner built with use_graphs=False calls the forward eagerly"
+        assert self.logits is not None, "captured graphs write their logits into a shared buffer (logits=...)"
         pool = None
         steps = [(b, False) for b in self.batch_sizes] + [(t, True) for t in self.token_sizes]
         for size, mixed in sorted(steps, reverse=True):  # most tokens first: smaller graphs reuse its memory pool

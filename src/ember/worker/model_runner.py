@@ -46,6 +46,8 @@ PROMPT_LOGPROBS_ROWS = 1024
 # one-token sequences in warm_up's mixed step: at least ops.triton.attention.MIXED_DECODE_MIN_SEQS (16), so that the
 # mixed-step decode path runs, and its rows at least ops.triton.reduce.MIN_ROWS, so that the argmax kernels do
 MIXED_STEP_DECODES = 16
+
+
 @dataclass(slots=True)
 class TokenLogprobs:
     """Logprobs of one position: the chosen token first, then the top-k (ids, logprobs), and its rank."""
