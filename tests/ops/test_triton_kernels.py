@@ -166,8 +166,9 @@ def test_write_kv_skips_negative_slots():
 
 
 def _batch(query_lens: list[int], context_lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype,
-           seed: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+           seed: int, block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """A pool filled with random KV, sequences on shuffled blocks, and the metadata of one step."""
+    BLOCK_SIZE = block_size  # noqa: N806 (the module's default, or the block size asked for)
     g = torch.Generator().manual_seed(seed)
     seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
     blocks_per_seq = [-(-s // BLOCK_SIZE) for s in seq_lens]
@@ -203,6 +204,31 @@ ATTN_CASES = [  # heads, kv_heads, head_dim, window, softcap
     (4, 2, 16, None, None), (8, 1, 32, None, None), (6, 6, 24, None, None), (4, 2, 16, 24, None),
     (4, 2, 16, None, 30.0), (4, 2, 64, None, None), (8, 2, 128, None, None),
 ]
+
+
+@pytest.mark.parametrize("block_size,tile", [(8, 32), (32, 16), (64, 32), (16, 64)])
+@pytest.mark.parametrize("wide_offsets", [False, True])
+@pytest.mark.parametrize("window", [None, 40])
+def test_paged_decode_key_tiles_across_block_sizes(block_size, tile, wide_offsets, window, monkeypatch):
+    """The decode kernel loads a tile whose keys all lie in the sequence without masks, by the block-table rows of
+    the tile (several pool blocks per tile, or several tiles per block), in 32- or 64-bit offsets (the latter for a
+    cache of 2**31 elements or more: forced here); a partial tile at either end goes the masked way. Contexts end
+    inside, at and past tile and block edges; under a window the first tiles are partial or skipped."""
+    from ember.ops.triton import attention as tri_attn
+
+    assert tri_attn._needs_i64(torch.empty(2**31, device="meta"))
+    assert not tri_attn._needs_i64(torch.empty(2**31 - 1, device="meta"))
+    assert tri_attn._needs_i64(torch.empty(2, 2**30, device="meta").t())  # the span, not the count, from strides
+    monkeypatch.setattr(tri_attn, "_needs_i64", lambda cache: wide_offsets)
+    heads, kv_heads, head_dim = 4, 2, 32
+    context = [0, 7, 15, 16, 31, 32, 33, 63, 64, 100, 129]
+    q, pool, meta = _batch([1] * len(context), context, heads, kv_heads, head_dim, torch.float32, 5, block_size)
+    ref = reference_attention(q, pool, meta, 0.3, window, None)
+    for splits in (1, 3):
+        out = torch.empty_like(q)
+        config = dict(num_splits=splits, BLOCK_N=tile, num_warps=1, num_stages=1, HEADS_FIRST=True)
+        tri_attn._decode(q, pool, meta, out, 0.3, window, None, config)
+        close(out, ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -90,6 +90,30 @@ def _load_kv(k_ptr, v_ptr, table_ptr, pos, n_mask, d_mask, kv_head, offs_d,
 
 
 @triton.jit
+def _load_kv_full(k_ptr, v_ptr, table_ptr, tile, d_mask, kv_head, offs_n, offs_d, stride_kb, stride_ks, stride_kh,
+                  BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                  I64: tl.constexpr):
+    """A key tile every key of which is in the sequence: no key masks, and (a power-of-two block size) each pool
+    block's row offsets are constants over the tile, so the compiler adds them to one base address per block. Per
+    32-key tile of a one-warp program this took the decode loop from 817 to 376 instructions (sm_90 SASS, Triton
+    3.6; masks, and a 64-bit multiply-add per row, were most of them). I64: offsets past 2**31 elements."""
+    if BLOCK_N >= BLOCK_SIZE:
+        blk = tl.load(table_ptr + tile * (BLOCK_N // BLOCK_SIZE) + offs_n // BLOCK_SIZE)
+        slot = offs_n % BLOCK_SIZE
+    else:  # the tile lies inside one block
+        blk = tl.load(table_ptr + (tile * BLOCK_N) // BLOCK_SIZE + offs_n * 0)
+        slot = (tile * BLOCK_N) % BLOCK_SIZE + offs_n
+    if I64:
+        blk = blk.to(tl.int64)
+    off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh
+    ptrs = off[:, None] + offs_d[None, :]
+    if HEAD_DIM == D_PAD:
+        return tl.load(k_ptr + ptrs), tl.load(v_ptr + ptrs)
+    return (tl.load(k_ptr + ptrs, mask=d_mask[None, :], other=0.0),
+            tl.load(v_ptr + ptrs, mask=d_mask[None, :], other=0.0))
+
+
+@triton.jit
 def _dot_operand(q, k_ptr):
     """q in the dtype of the attention dots: over an fp8 pool a bf16 model's dots run in fp16, since fp8 -> fp16 is
     one conversion instruction per two values and fp8 -> bf16 is not (fp8 values are exact in fp16; queries and
@@ -109,6 +133,20 @@ def _online_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
     return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 
+@triton.jit
+def _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs_n, offs_d, stride_kb, stride_ks,
+                 stride_kh, scale_log2, softcap, m_i, l_i, acc, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """A decode key tile with keys outside [lo, kv_len): those are neither loaded nor attended to."""
+    pos = tile * BLOCK_N + offs_n
+    n_mask = (pos < kv_len) & (pos >= lo)
+    k, v = _load_kv(k_ptr, v_ptr, table, pos, n_mask, d_mask, kv_head, offs_d, stride_kb, stride_ks, stride_kh,
+                    BLOCK_SIZE)
+    s = _scores(q, k.to(q.dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    return _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
+
+
 # Triton compiles a variant per value class of each integer argument (1, a multiple of 16, other) and per 16-byte
 # alignment of each pointer. A mixed step's block-table width and its metadata slices (_decode_prefix) change from
 # step to step; they feed scalar loads and address arithmetic only, so the kernels do not specialize on them and
@@ -124,7 +162,7 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS_PAD: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     HEADS_FIRST: tl.constexpr, FUSED_QKV: tl.constexpr, HAS_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
-    ROT_DIM: tl.constexpr, USE_PDL: tl.constexpr,
+    ROT_DIM: tl.constexpr, USE_PDL: tl.constexpr, I64: tl.constexpr,
 ):
     """One program per (sequence, kv head, split): the GROUP query heads of that kv head against the split's keys.
 
@@ -179,14 +217,24 @@ def _decode_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     table = table_ptr + seq * stride_bt
-    for tile in range(tile_begin, tile_end):
-        pos = tile * BLOCK_N + offs_n
-        n_mask = (pos < kv_len) & (pos >= lo)
-        k, v = _load_kv(k_ptr, v_ptr, table, pos, n_mask, d_mask, kv_head, offs_d,
-                        stride_kb, stride_ks, stride_kh, BLOCK_SIZE)
+    # Tiles whose keys all lie in [lo, kv_len) load without masks; the partial ones at either end (the last
+    # tile; the first under a sliding window) take the masked path. See _load_kv_full.
+    full_lo = tl.maximum(tile_begin, tl.cdiv(lo, BLOCK_N))
+    full_hi = tl.maximum(tl.minimum(tile_end, kv_len // BLOCK_N), full_lo)
+    if HAS_WINDOW:
+        for tile in range(tile_begin, tl.minimum(full_lo, tile_end)):
+            m_i, l_i, acc = _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs_n, offs_d,
+                                         stride_kb, stride_ks, stride_kh, scale_log2, softcap, m_i, l_i, acc,
+                                         BLOCK_N, BLOCK_SIZE, HAS_SOFTCAP, PRECISION)
+    for tile in range(full_lo, full_hi):
+        k, v = _load_kv_full(k_ptr, v_ptr, table, tile, d_mask, kv_head, offs_n, offs_d, stride_kb, stride_ks,
+                             stride_kh, BLOCK_N, BLOCK_SIZE, HEAD_DIM, D_PAD, I64)
         s = _scores(q, k.to(dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
-        s = tl.where(n_mask[None, :], s, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
+    for tile in range(tl.maximum(full_hi, tile_begin), tile_end):
+        m_i, l_i, acc = _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs_n, offs_d,
+                                     stride_kb, stride_ks, stride_kh, scale_log2, softcap, m_i, l_i, acc,
+                                     BLOCK_N, BLOCK_SIZE, HAS_SOFTCAP, PRECISION)
 
     if FUSED_QKV:
         if split == num_splits - 1:  # the new token: its k and v into the pool, and one more key for the softmax
@@ -451,6 +499,11 @@ def _launch_fitting(key: tuple, cfg: dict, launch) -> None:
         return
 
 
+def _needs_i64(cache: torch.Tensor) -> bool:
+    """Whether an element offset into the cache (one of K or V) can pass 2**31: its span, from the strides."""
+    return sum((n - 1) * st for n, st in zip(cache.shape, cache.stride())) >= 2**31 - 1
+
+
 def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, softcap, config: dict | None = None,
             fused: dict | None = None) -> None:
     """q: [T, Hq, D], or with `fused` (qkv_attention's arguments) the qkv projection's output [T, (Hq + 2 Hkv) D]."""
@@ -470,7 +523,7 @@ def _decode(q, kv_cache, meta: AttentionMetadata, out, scale, sliding_window, so
     bt = meta.block_tables
     grid = (num_kv_heads, num_seqs, num_splits) if cfg["HEADS_FIRST"] else (num_seqs, num_kv_heads, num_splits)
     consts = dict(GROUP_PAD=max(16, triton.next_power_of_2(flags["GROUP"])), NUM_SPLITS_PAD=MAX_SPLITS,
-                  IS_SPLIT=is_split, FUSED_QKV=fused is not None, HAS_NORM=q_w is not None,
+                  IS_SPLIT=is_split, FUSED_QKV=fused is not None, HAS_NORM=q_w is not None, I64=_needs_i64(c["k"]),
                   HAS_ROPE=cos_sin is not None, ROT_DIM=f.get("rot_dim", 0) if cos_sin is not None else 0, **flags)
     _launch_fitting(("decode", q.device, q.dtype, kv_cache.dtype, *sorted(consts.items())), cfg, lambda tile: (
         _decode_kernel[grid](
