@@ -4,6 +4,7 @@ On a machine without CUDA they run on CPU tensors in float32 under TRITON_INTERP
 matmul is not usable); with CUDA they run compiled, in float32 and bfloat16. Skipped when triton is absent."""
 from __future__ import annotations
 
+import math
 from dataclasses import fields, replace
 
 import pytest
@@ -229,6 +230,34 @@ def test_paged_decode_key_tiles_across_block_sizes(block_size, tile, wide_offset
         config = dict(num_splits=splits, BLOCK_N=tile, num_warps=1, num_stages=1, HEADS_FIRST=True)
         tri_attn._decode(q, pool, meta, out, 0.3, window, None, config)
         close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_paged_decode_scores_rising_and_falling_across_tiles(dtype, splits):
+    """Keys grow then shrink along each sequence, so a row's maximum score climbs by far more than 2^8 from tile
+    to tile and then stops climbing: the decode loop rescales its sums only on such jumps (_lazy_softmax_step)
+    and otherwise keeps a stale maximum, and either way must give softmax attention."""
+    from ember.ops.triton import attention as tri_attn
+
+    heads, kv_heads, head_dim = 8, 2, 32
+    context = [40, 97, 160, 255]
+    q, pool, meta = _batch([1] * len(context), context, heads, kv_heads, head_dim, torch.float32, 3)
+    gain = torch.ones(pool.shape[1], BLOCK_SIZE)
+    for row, n in zip(meta.block_tables.cpu().tolist(), meta.seq_lens.cpu().tolist()):
+        for pos in range(n):  # 1x at the start, ~6x at 60% of the sequence, back to ~1x at its end
+            gain[row[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = 1 + 5 * math.sin(math.pi * pos / n)
+    pool[0] *= gain[:, :, None, None].to(pool.device, pool.dtype)
+    scale = 0.5
+    ref = reference_attention(q, pool, meta, scale, None, None)
+    config = dict(num_splits=splits, BLOCK_N=16, num_warps=1, num_stages=1, HEADS_FIRST=True)
+    out = torch.empty_like(q)
+    tri_attn._decode(q, pool, meta, out, scale, None, None, config)
+    close(out, ref, dtype)
+    # the test's premise: along the longest sequence, a head's running maximum climbs past 2^8 several times
+    keys = pool[0].float().cpu()[meta.block_tables[3].long().cpu()].flatten(0, 1)[:255, 0]  # [keys, dim]
+    tile_max = (keys[:240] @ q[3, 0].float().cpu() * scale * math.log2(math.e)).view(15, 16).amax(1)
+    assert (tile_max.cummax(0).values.diff() > 8).sum() >= 2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -147,6 +147,25 @@ def _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs
     return _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
 
+@triton.jit
+def _lazy_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+    """_online_softmax_step that moves a row's reference maximum only when a tile's scores exceed it by more than
+    2^8 (FlashAttention-4's conditional rescaling): most tiles then skip rescaling the accumulator. Exact: the
+    probabilities stay below 256 against the stale maximum (fp32 sums, bf16/fp16 dot operands), and the sums,
+    the accumulator and the split merge all use the same reference. Rows that saw no key yet (m = -inf) take the
+    first tile's maximum."""
+    m_tile = tl.max(s, 1)
+    if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0:
+        m_new = tl.maximum(m_i, m_tile)
+        alpha = tl.math.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+    p = tl.math.exp2(s - m_i[:, None])
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return m_i, l_i + tl.sum(p, 1), acc
+
+
 # Triton compiles a variant per value class of each integer argument (1, a multiple of 16, other) and per 16-byte
 # alignment of each pointer. A mixed step's block-table width and its metadata slices (_decode_prefix) change from
 # step to step; they feed scalar loads and address arithmetic only, so the kernels do not specialize on them and
@@ -230,7 +249,7 @@ def _decode_kernel(
         k, v = _load_kv_full(k_ptr, v_ptr, table, tile, d_mask, kv_head, offs_n, offs_d, stride_kb, stride_ks,
                              stride_kh, BLOCK_N, BLOCK_SIZE, HEAD_DIM, D_PAD, I64)
         s = _scores(q, k.to(dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
-        m_i, l_i, acc = _online_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
+        m_i, l_i, acc = _lazy_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
     for tile in range(tl.maximum(full_hi, tile_begin), tile_end):
         m_i, l_i, acc = _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs_n, offs_d,
                                      stride_kb, stride_ks, stride_kh, scale_log2, softcap, m_i, l_i, acc,
