@@ -148,20 +148,21 @@ def _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs
 
 
 @triton.jit
-def _lazy_softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr):
+def _lazy_softmax_step(s, v, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr):
     """_online_softmax_step that moves a row's reference maximum only when a tile's scores exceed it by more than
     2^8 (FlashAttention-4's conditional rescaling): most tiles then skip rescaling the accumulator. Exact: the
     probabilities stay below 256 against the stale maximum (fp32 sums, bf16/fp16 dot operands), and the sums,
     the accumulator and the split merge all use the same reference. Rows that saw no key yet (m = -inf) take the
-    first tile's maximum."""
-    m_tile = tl.max(s, 1)
+    first tile's maximum. s: raw scores, scaled to log2 units here by scale_log2 (> 0) inside the exponent's
+    multiply-add (1.0 for scores already scaled)."""
+    m_tile = tl.max(s, 1) * scale_log2
     if tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0:
         m_new = tl.maximum(m_i, m_tile)
         alpha = tl.math.exp2(m_i - m_new)
         acc = acc * alpha[:, None]
         l_i = l_i * alpha
         m_i = m_new
-    p = tl.math.exp2(s - m_i[:, None])
+    p = tl.math.exp2(s * scale_log2 - m_i[:, None])
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
     return m_i, l_i + tl.sum(p, 1), acc
 
@@ -248,8 +249,12 @@ def _decode_kernel(
     for tile in range(full_lo, full_hi):
         k, v = _load_kv_full(k_ptr, v_ptr, table, tile, d_mask, kv_head, offs_n, offs_d, stride_kb, stride_ks,
                              stride_kh, BLOCK_N, BLOCK_SIZE, HEAD_DIM, D_PAD, I64)
-        s = _scores(q, k.to(dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
-        m_i, l_i, acc = _lazy_softmax_step(s, v.to(dtype), m_i, l_i, acc, PRECISION)
+        if HAS_SOFTCAP:
+            s = _scores(q, k.to(dtype), scale_log2, softcap, HAS_SOFTCAP, PRECISION)
+            m_i, l_i, acc = _lazy_softmax_step(s, v.to(dtype), m_i, l_i, acc, 1.0, PRECISION)
+        else:  # the scale goes into the exponent's multiply-add
+            s = tl.dot(q, tl.trans(k.to(dtype)), input_precision=PRECISION)
+            m_i, l_i, acc = _lazy_softmax_step(s, v.to(dtype), m_i, l_i, acc, scale_log2, PRECISION)
     for tile in range(tl.maximum(full_hi, tile_begin), tile_end):
         m_i, l_i, acc = _masked_tile(q, k_ptr, v_ptr, table, tile, kv_len, lo, d_mask, kv_head, offs_n, offs_d,
                                      stride_kb, stride_ks, stride_kh, scale_log2, softcap, m_i, l_i, acc,
