@@ -94,9 +94,10 @@ def _load_kv_full(k_ptr, v_ptr, table_ptr, tile, d_mask, kv_head, offs_n, offs_d
                   BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                   I64: tl.constexpr):
     """A key tile every key of which is in the sequence: no key masks, and (a power-of-two block size) each pool
-    block's row offsets are constants over the tile, so the compiler adds them to one base address per block. Per
-    32-key tile of a one-warp program this took the decode loop from 817 to 376 instructions (sm_90 SASS, Triton
-    3.6; masks, and a 64-bit multiply-add per row, were most of them). I64: offsets past 2**31 elements."""
+    block's row offsets are constants over the tile, so the compiler adds them to one base address per block. With
+    _lazy_softmax_step this took a one-warp program's loop from 817 to 394 instructions per 32-key tile (sm_90,
+    Triton 3.6, benchmarks/decode_sass.py; masks and a 64-bit multiply-add per row were most of those saved).
+    I64: offsets past 2**31 elements."""
     if BLOCK_N >= BLOCK_SIZE:
         blk = tl.load(table_ptr + tile * (BLOCK_N // BLOCK_SIZE) + offs_n // BLOCK_SIZE)
         slot = offs_n % BLOCK_SIZE
