@@ -242,10 +242,10 @@ def test_paged_decode_scores_rising_and_falling_across_tiles(dtype, splits):
 
     heads, kv_heads, head_dim = 8, 2, 32
     context = [40, 97, 160, 255]
-    q, pool, meta = _batch([1] * len(context), context, heads, kv_heads, head_dim, torch.float32, 3)
+    q, pool, meta = _batch([1] * len(context), context, heads, kv_heads, head_dim, dtype, 3)
     gain = torch.ones(pool.shape[1], BLOCK_SIZE)
     for row, n in zip(meta.block_tables.cpu().tolist(), meta.seq_lens.cpu().tolist()):
-        for pos in range(n):  # 1x at the start, ~6x at 60% of the sequence, back to ~1x at its end
+        for pos in range(n):  # 1x at the start, 6x in the middle of the sequence, back to ~1x at its end
             gain[row[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = 1 + 5 * math.sin(math.pi * pos / n)
     pool[0] *= gain[:, :, None, None].to(pool.device, pool.dtype)
     scale = 0.5
