@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import inspect
 import json
 import os
 import re
@@ -26,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ops.sm90_l
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from tests.ops import sm90_launches as sm90  # noqa: E402
@@ -37,24 +35,8 @@ compiled: list = []
 
 
 def _compile(self, *args, grid, warmup, **kwargs):
-    """JITFunction.run without a GPU: compile for sm_90 with the specialization the JIT would give these
-    arguments (divisibility by 16 of integers and pointers, except the kernel's do_not_specialize ones)."""
-    options = {k: kwargs.pop(k) for k in sm90.OPTIONS if k in kwargs}
-    kwargs.pop("launch_pdl", None)
-    bound = inspect.signature(self.fn).bind(*args, **kwargs)
-    bound.apply_defaults()
-    signature, constexprs = sm90._signature(self, bound.arguments)
-    skip = set(self.do_not_specialize) | set(getattr(self, "do_not_specialize_on_alignment", ()))
-    attrs = {}
-    for i, param in enumerate(self.params):
-        value = bound.arguments[param.name]
-        if param.is_constexpr or param.name in skip or i in skip:
-            continue
-        aligned = (value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor)
-                   else isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0)
-        if aligned:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    compiled.append(triton.compile(ASTSource(self, signature, constexprs, attrs), target=sm90.TARGET, options=options))
+    """JITFunction.run without a GPU: compile for sm_90 with the specialization the JIT would give the arguments."""
+    compiled.append(sm90.compile_launch(self, args, kwargs, specialize=True)[0])
 
 
 def loops(sass: str) -> list[dict]:

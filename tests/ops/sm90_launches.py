@@ -41,15 +41,31 @@ launches: list[dict] = []  # compiled and within the limits
 rejected: list[dict] = []  # refused as the GPU would refuse them
 
 
+def compile_launch(fn: JITFunction, args: tuple, kwargs: dict, specialize: bool = False):
+    """A kernel launch's arguments compiled for TARGET: (kernel, constexprs, options). specialize: with the
+    divisibility by 16 the JIT gives integers and pointers (not those the kernel excludes), as on a GPU."""
+    options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
+    kwargs.pop("launch_pdl", None)
+    bound = inspect.signature(fn.fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    signature, constexprs = _signature(fn, bound.arguments)
+    attrs = {}
+    skip = set(fn.do_not_specialize) | set(getattr(fn, "do_not_specialize_on_alignment", ()))
+    for i, param in enumerate(fn.params if specialize else ()):
+        value = bound.arguments[param.name]
+        if param.is_constexpr or param.name in skip or i in skip:
+            continue
+        if (value.data_ptr() % 16 == 0 if isinstance(value, torch.Tensor)
+                else isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options)
+    return kernel, constexprs, options
+
+
 def _catch(self, *args, grid, warmup, **kwargs):
     """JITFunction.run on a GPU that is not there: compile for TARGET and, like the launch, raise OutOfResources
     where the kernel needs more shared memory than an SM has; record the launch instead of running it."""
-    options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
-    kwargs.pop("launch_pdl", None)
-    bound = inspect.signature(self.fn).bind(*args, **kwargs)
-    bound.apply_defaults()
-    signature, constexprs = _signature(self, bound.arguments)
-    kernel = triton.compile(ASTSource(self, signature, constexprs), target=TARGET, options=options)
+    kernel, constexprs, options = compile_launch(self, args, kwargs)
     record = dict(kernel=self.__name__, constexprs={k: str(v) for k, v in constexprs.items()}, options=options,
                   shared=kernel.metadata.shared)
     if kernel.metadata.shared > MAX_SHARED:

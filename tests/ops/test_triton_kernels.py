@@ -169,18 +169,17 @@ def test_write_kv_skips_negative_slots():
 def _batch(query_lens: list[int], context_lens: list[int], heads: int, kv_heads: int, head_dim: int, dtype,
            seed: int, block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """A pool filled with random KV, sequences on shuffled blocks, and the metadata of one step."""
-    BLOCK_SIZE = block_size  # noqa: N806 (the module's default, or the block size asked for)
     g = torch.Generator().manual_seed(seed)
     seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
-    blocks_per_seq = [-(-s // BLOCK_SIZE) for s in seq_lens]
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
     num_blocks = sum(blocks_per_seq) + 1
     ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
     tables, slots = [], []
     for n, s, q in zip(blocks_per_seq, seq_lens, query_lens):
         own, ids = ids[:n], ids[n:]
         tables.append(own + [0] * (max(blocks_per_seq) + 2 - n))
-        slots += [own[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(s - q, s)]
-    pool = torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, head_dim, generator=g).to(DEVICE, dtype)
+        slots += [own[p // block_size] * block_size + p % block_size for p in range(s - q, s)]
+    pool = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g).to(DEVICE, dtype)
     q = torch.randn(sum(query_lens), heads, head_dim, generator=g).to(DEVICE, dtype)
     starts = [0]
     for n in query_lens:
