@@ -206,6 +206,17 @@ ATTN_CASES = [  # heads, kv_heads, head_dim, window, softcap
 ]
 
 
+def test_decode_offsets_widen_to_64_bits_by_the_cache_span():
+    """The decode kernel's full tiles take 32-bit element offsets unless an offset into K or V (its span, from the
+    shape and strides, not its element count) can reach 2**31."""
+    from ember.ops.triton.attention import _needs_i64
+
+    assert _needs_i64(torch.empty(2**31, device="meta"))
+    assert not _needs_i64(torch.empty(2**31 - 1, device="meta"))
+    assert _needs_i64(torch.empty(2, 2**30, device="meta").t())
+    assert _needs_i64(torch.empty(2**31 + 1, device="meta")[:: 2**31])  # two elements, 2**31 apart
+
+
 @pytest.mark.parametrize("block_size,tile", [(8, 32), (32, 16), (64, 32), (16, 64)])
 @pytest.mark.parametrize("wide_offsets", [False, True])
 @pytest.mark.parametrize("window", [None, 40])
@@ -216,9 +227,6 @@ def test_paged_decode_key_tiles_across_block_sizes(block_size, tile, wide_offset
     inside, at and past tile and block edges; under a window the first tiles are partial or skipped."""
     from ember.ops.triton import attention as tri_attn
 
-    assert tri_attn._needs_i64(torch.empty(2**31, device="meta"))
-    assert not tri_attn._needs_i64(torch.empty(2**31 - 1, device="meta"))
-    assert tri_attn._needs_i64(torch.empty(2, 2**30, device="meta").t())  # the span, not the count, from strides
     monkeypatch.setattr(tri_attn, "_needs_i64", lambda cache: wide_offsets)
     heads, kv_heads, head_dim = 4, 2, 32
     context = [0, 7, 15, 16, 31, 32, 33, 63, 64, 100, 129]
