@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from plot_panels import attention_bars, runs_against_target  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 PREFIX = "2026-12-07-h100-v26"
@@ -43,25 +47,15 @@ def main() -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw=dict(width_ratios=[3, 2]))
     series = attention_us()
-    width = 0.8 / len(series)
-    for i, (name, us) in enumerate(series.items()):
-        a.bar([c + i * width for c in range(len(CASES))], [us[c] for c in CASES], width, label=name,
-              color=f"C{i // 2}", alpha=0.5 if "before" in name else 1.0)
-    a.set_xticks([c + width * (len(series) - 1) / 2 for c in range(len(CASES))],
-                 [f"{c.split('x')[0]} seqs x {c.split('x')[1]}" for c in CASES])
-    a.set_ylabel("us per layer, from the qkv rows (qwen3-8b heads)")
-    a.set_title("decode attention, H100: before / after session 30's kernel")
-    a.legend(fontsize=8)
-    for i, (label, name) in enumerate(E2E.items()):
-        values = [r["e2e_tok_s"] for n in (1, 2) for r in load(f"gpu_decode-{name}-{n}") if r.get("batch") == 256]
-        b.scatter([i] * len(values), values, zorder=3, color=f"C{i // 2}")
-        b.bar(i, max(values), 0.6, color=f"C{i // 2}", alpha=0.25 if "before" in label else 0.5)
-    b.axhline(20000, color="k", ls="--", lw=1, label="issue 4 target (set for an H200)")
-    b.set_xticks(range(len(E2E)), list(E2E))
-    b.set_ylim(17500, 20500)
-    b.set_ylabel("output tok/s incl. prefill (two runs each)")
-    b.set_title("qwen3-8b, 256 x 128 -> 256, H100")
-    b.legend(fontsize=8, loc="lower right")
+    attention_bars(a, series, CASES, [f"C{i // 2}" for i in range(len(series))],
+                   [0.5 if "before" in name else 1.0 for name in series],
+                   "us per layer, from the qkv rows (qwen3-8b heads)",
+                   "decode attention, H100: before / after session 30's kernel")
+    runs = {label: [r["e2e_tok_s"] for n in (1, 2) for r in load(f"gpu_decode-{name}-{n}") if r.get("batch") == 256]
+            for label, name in E2E.items()}
+    runs_against_target(b, runs, [f"C{i // 2}" for i in range(len(runs))],
+                        [0.25 if "before" in label else 0.5 for label in runs], (17500, 20500),
+                        "output tok/s incl. prefill (two runs each)", "qwen3-8b, 256 x 128 -> 256, H100")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(args.out)

@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from plot_panels import attention_bars, runs_against_target  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 CASES = ["256x256", "256x128", "64x2048"]
@@ -54,24 +58,11 @@ def main() -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     series = attention_us()
-    width = 0.8 / len(series)
-    for i, (name, us) in enumerate(series.items()):
-        a.bar([c + i * width for c in range(len(CASES))], [us[c] for c in CASES], width, label=name)
-    a.set_xticks([c + width * (len(series) - 1) / 2 for c in range(len(CASES))],
-                 [f"{c.split('x')[0]} seqs x {c.split('x')[1]}" for c in CASES])
-    a.set_ylabel("us per layer (qwen3-8b heads)")
-    a.set_title("decode attention, H100")
-    a.legend(fontsize=8)
+    attention_bars(a, series, CASES, [f"C{i}" for i in range(len(series))], [1.0] * len(series),
+                   "us per layer (qwen3-8b heads)", "decode attention, H100")
     runs = e2e()
-    for i, (label, values) in enumerate(runs.items()):
-        b.scatter([i] * len(values), values, zorder=3, color=f"C{i}")
-        b.bar(i, max(values), 0.6, alpha=0.3, color=f"C{i}")
-    b.axhline(20000, color="k", ls="--", lw=1, label="issue 4 target (set for an H200)")
-    b.set_xticks(range(len(runs)), list(runs))
-    b.set_ylim(17000, 21000)
-    b.set_ylabel("output tok/s incl. prefill")
-    b.set_title("qwen3-8b, 256 x 128 -> 256, H100")
-    b.legend(fontsize=8, loc="lower right")
+    runs_against_target(b, runs, [f"C{i}" for i in range(len(runs))], [0.3] * len(runs), (17000, 21000),
+                        "output tok/s incl. prefill", "qwen3-8b, 256 x 128 -> 256, H100")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(args.out)
