@@ -214,7 +214,7 @@ def test_static_chunk_plan_equals_the_steps_own(kernels):
     plans = StaticChunkPlans({t: 6}, kernel - 1, scratch, torch.device(DEVICE), is_pinned=False)
     num_tokens = 93
     assert plans.fits(seqs, t, num_tokens)
-    plan, copies = plans.stage(seqs, t, num_tokens)
+    plan, copies = plans.stage(seqs, t, [0, 1, 71, 91, 92, num_tokens, t])
     for dst, src in copies:
         dst.copy_(src)
     assert plan.num_chunks == plans.chunks[t] == 2 + 6 + 2

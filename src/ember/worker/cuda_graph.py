@@ -161,14 +161,15 @@ class StaticChunkPlans:
         return chunks <= self.chunks[t] and chunked <= self.chunked[t]
 
     def stage(self, seqs: list[ScheduledSeq], t: int,
-              num_tokens: int) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
+              query_starts: list[int]) -> tuple[ChunkPlan, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Writes the step's layout (fits) into the host buffers; returns graph t's plan (with the step's host
-        lists) and the (device, host) pairs to copy."""
+        lists) and the (device, host) pairs to copy. query_starts: the step's sequences' first rows, then the
+        padding sequence's, then t (len(seqs) + 2 entries; CudaGraphRunner._stage_mixed's)."""
         s_max, n_max, w = self.slots[t], self.chunks[t], self.width
         empty = s_max - len(seqs) - 1
-        lens = [len(s.token_ids) for s in seqs] + [t - num_tokens] + [0] * empty
+        assert len(query_starts) == len(seqs) + 2 and query_starts[-1] == t, "query starts of the padded step"
         fresh = [-1] * (empty + 1)
-        lay = ChunkLayout.build([0, *itertools.accumulate(lens)], [s.state.read_slot for s in seqs] + fresh,
+        lay = ChunkLayout.build(query_starts + [t] * empty, [s.state.read_slot for s in seqs] + fresh,
                                 [s.state.write_slot for s in seqs] + [self.scratch_slot] * (empty + 1),
                                 [s.state.snapshots for s in seqs] + [()] * (empty + 1), w, self.chunk_size)
         assert lay.num_chunks <= n_max and len(lay.scan_seqs) <= self.chunked[t] and not lay.initial_saves, \
@@ -402,7 +403,8 @@ class CudaGraphRunner:
         """Writes a mixed step's inputs into the host staging buffers: its tokens, then the padding sequence's rows
         up to t (token 0 at position 0, KV into scratch slot 0), the block tables (the padding sequence's row:
         the scratch block), lengths, query starts (empty slots after the padding sequence) and the rows to sample.
-        Returns the block tables' width, how many rows are sampled, and the host query starts and lengths."""
+        Returns the block tables' width, how many rows are sampled, and the host query starts and lengths, the
+        padding sequence's included (n + 2 and n + 1 entries)."""
         n, bs, groups = len(seqs), self.block_size, self.num_kv_groups
         lens = [len(s.token_ids) for s in seqs]
         start_pos = [s.start_pos for s in seqs]
@@ -434,8 +436,6 @@ class CudaGraphRunner:
         sample_h = self._h_sample_rows.numpy()
         sample_h[: len(sample)] = sample
         sample_h[len(sample): self.mixed_seqs[t]] = 0
-        if pad == 0:  # the padding sequence is empty: the host lists leave it out
-            qsl, seq_lens = qsl[:-1], seq_lens[:-1]
         return cols, len(sample), qsl, seq_lens
 
     def _copy_staged(self, seqs: list[ScheduledSeq], ends, tokens: int, seq_rows: int, table_rows: int, cols: int,
@@ -468,7 +468,9 @@ class CudaGraphRunner:
         if self._staged is not None:
             self._staged.synchronize()
         cols, num_sample, qsl, seq_lens = self._stage_mixed(seqs, t, num_tokens)
-        plan, plan_copies = self.chunk_plans.stage(seqs, t, num_tokens) if self.chunk_plans is not None else (None, [])
+        plan, plan_copies = self.chunk_plans.stage(seqs, t, qsl) if self.chunk_plans is not None else (None, [])
+        if num_tokens == t:  # the padding sequence is empty: the host lists leave it out
+            qsl, seq_lens = qsl[:-1], seq_lens[:-1]
         s = self.mixed_seqs[t] + 1
         self._copy_staged(seqs, qsl[1: n + 1], t, s, n + 1, cols, [
             (self.mixed_query_start_loc[: s + 1], self._h_query_start[: s + 1]),
