@@ -16,7 +16,9 @@ prefill path on fresh prompts (SEQSxLEN; the kernel alone, and the engine's path
 FLASH_PREFILL_MIN_QUERY tokens or more to SDPA) against SDPA's causal flash attention on the same padded batch (and
 torch's varlen flash attention on the packed prompts where torch has it);
 --mixed-cases a chunked-prefill step (DECODESxPROMPTS) whose decodes go to the decode kernel against the whole step
-in the prefill kernel; --interleaved-cases the decode kernel between gate/up GEMMs in one graph, as in a step.
+in the prefill kernel; --interleaved-cases the decode kernel between gate/up GEMMs in one graph, as in a step;
+--overlap-cases a step's GEMMs and attention split in two half batches, one half's attention on a second stream
+beside the other half's GEMMs (what two-batch overlap could save).
 
     python benchmarks/attention.py [--sweep] [--out benchmarks/results/NAME]
 """
@@ -267,6 +269,50 @@ def interleaved_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: 
                 kv_tb_s_among_gemms=case.kv_bytes / (both - gemms) / 1e6)
 
 
+
+def overlap_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: int = 36) -> dict:
+    """What splitting a decode step into two half batches whose attention and GEMMs run at once could save (two-batch
+    overlap, as SGLang and NanoFlow do): per layer of qwen3-8b's projections (qkv, o, gate/up, down) and decode
+    attention, the step as the engine runs it (all rows through each op in turn) against the two halves in turn with
+    one half's attention on a second stream beside the other half's GEMMs. Also times the halves' GEMMs and
+    attention each alone, so that the sum shows what splitting costs the GEMMs before any overlap."""
+    full = Case(heads, batch, ctx, "NHD")
+    halves = [Case(heads, batch // 2, ctx, "NHD", seed=s) for s in (1, 2)]
+    k, shapes = 4096, ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))
+    ws = [[torch.randn(n, kk, device="cuda", dtype=torch.bfloat16) * 0.02 for n, kk in shapes] for _ in range(8)]
+    xs = {rows: (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(rows, 12288, device="cuda", dtype=torch.bfloat16)) for rows in (batch, batch // 2)}
+    side = torch.cuda.Stream()
+
+    def gemms(i, rows):
+        x, h = xs[rows]
+        w = ws[i % len(ws)]
+        return lambda: [F.linear(x, w[0]), F.linear(x, w[1]), F.linear(x, w[2]), F.linear(h, w[3])]
+
+    def beside(attn, gemm):  # attn on the side stream, gemm on the capturing one, joined after both
+        def call():
+            cur = torch.cuda.current_stream()
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                attn()
+            gemm()
+            cur.wait_stream(side)
+        return call
+
+    def seq(*calls):
+        return lambda: [c() for c in calls]
+
+    step = graph_us([seq(gemms(i, batch), full.launch(i, None)) for i in range(layers)], replays=10)
+    half_gemms = graph_us([seq(gemms(i, batch // 2), gemms(i + 1, batch // 2)) for i in range(layers)], replays=10)
+    half_attn = graph_us([seq(halves[0].launch(i, None), halves[1].launch(i, None)) for i in range(layers)],
+                         replays=10)
+    overlapped = graph_us([seq(beside(halves[0].launch(i, None), gemms(i, batch // 2)),
+                               beside(halves[1].launch(i, None), gemms(i + 1, batch // 2))) for i in range(layers)],
+                          replays=10)
+    return dict(kind="overlap", batch=batch, ctx=ctx, step_us=step, half_gemms_us=half_gemms,
+                half_attention_us=half_attn, overlapped_us=overlapped)
+
+
 def sweep_configs(batch: int, head_dim: int = 128):
     if head_dim > 128:  # wide heads: a [BLOCK_N, D] tile per stage for keys and for values; fewer, narrower tiles
         if batch <= 16:
@@ -304,6 +350,8 @@ def main() -> None:
     ap.add_argument("--prefill-cases", default="64x128,8x1024,1x8192", help="SEQSxLEN fresh prompts, comma-separated")
     ap.add_argument("--mixed-cases", default="64x63,192x64", help="DECODESxPROMPTS mixed steps, comma-separated")
     ap.add_argument("--interleaved-cases", default="", help="BATCHxCONTEXT decode attention between gate/up GEMMs")
+    ap.add_argument("--overlap-cases", default="", help="BATCHxCONTEXT decode steps split in two half batches whose "
+                    "attention runs beside the other half's GEMMs")
     ap.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp8"], help="the pool's dtype (fp8: e4m3)")
     ap.add_argument("--sweep", action="store_true", help="time a grid of launch configurations at each case")
     ap.add_argument("--out", default=None)
@@ -368,6 +416,13 @@ def main() -> None:
         tqdm.write(f"{batch}x{ctx} decode attention alone {row['attention_alone_us']:.1f} us "
                    f"({row['kv_tb_s_alone']:.2f} TB/s), among gate/up GEMMs {row['attention_among_gemms_us']:.1f} us "
                    f"({row['kv_tb_s_among_gemms']:.2f} TB/s); the GEMM {row['gemm_us']:.1f} us")
+    for spec in args.overlap_cases.split(",") if args.overlap_cases else []:
+        batch, ctx = (int(x) for x in spec.split("x"))
+        row = overlap_case(HEADS[args.heads], batch, ctx)
+        rows.append(row)
+        tqdm.write(f"{batch}x{ctx} step per layer (GEMMs + attention): {row['step_us']:.1f} us; two halves in turn: "
+                   f"GEMMs {row['half_gemms_us']:.1f} + attention {row['half_attention_us']:.1f} us; "
+                   f"each half's attention beside the other's GEMMs {row['overlapped_us']:.1f} us")
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), bandwidth=bandwidth,
                                                            rows=rows), indent=1))
