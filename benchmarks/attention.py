@@ -269,7 +269,6 @@ def interleaved_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: 
                 kv_tb_s_among_gemms=case.kv_bytes / (both - gemms) / 1e6)
 
 
-
 def overlap_case(heads: tuple[int, int, int], batch: int, ctx: int, layers: int = 36) -> dict:
     """What splitting a decode step into two half batches whose attention and GEMMs run at once could save (two-batch
     overlap, as SGLang and NanoFlow do): per layer of qwen3-8b's projections (qkv, o, gate/up, down) and decode
