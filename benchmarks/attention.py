@@ -340,6 +340,11 @@ PREFILL_CONFIGS = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, PACK
                        (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 4), (64, 32, 4, 4)), (False, True))]
 
 
+def pairs(arg: str) -> list[tuple[int, int]]:
+    """"AxB,CxD" -> [(A, B), (C, D)]; "" -> []."""
+    return [tuple(int(x) for x in spec.split("x")) for spec in arg.split(",") if spec]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", default="qwen3-8b", choices=sorted(HEADS))
@@ -358,7 +363,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c]
+    cases = pairs(args.cases)
     for (batch, ctx), layout in tqdm(list(itertools.product(cases, args.layouts.split(","))), desc="cases"):
         case = Case(HEADS[args.heads], batch, ctx, layout,
                     kv_dtype=torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16)
@@ -393,8 +398,7 @@ def main() -> None:
                       if args.sweep else ""))
         del case
         torch.cuda.empty_cache()
-    for spec in args.prefill_cases.split(",") if args.prefill_cases else []:
-        seqs, length = (int(x) for x in spec.split("x"))
+    for seqs, length in pairs(args.prefill_cases):
         row = prefill_case(HEADS[args.heads], seqs, length, args.sweep)
         rows.append(row)
         tqdm.write(f"prefill {seqs}x{length}: {row['us']:8.1f} us ({row['tflops']:.0f} TFLOP/s; kernel alone "
@@ -402,21 +406,18 @@ def main() -> None:
                    f"err {row['rel_err']:.1e}  "
                    f"sdpa {row['sdpa_us']:8.1f} us ({row['sdpa_tflops']:.0f} TFLOP/s)"
                    + (f"  varlen {row['varlen_us']:8.1f} us" if "varlen_us" in row else ""))
-    for spec in args.mixed_cases.split(",") if args.mixed_cases else []:
-        decodes, prompts = (int(x) for x in spec.split("x"))
+    for decodes, prompts in pairs(args.mixed_cases):
         row = mixed_case(HEADS[args.heads], decodes, prompts)
         rows.append(row)
         tqdm.write(f"mixed step, {decodes} decodes + {prompts} prompts: {row['us']:8.1f} us with the decode kernel, "
                    f"{row['prefill_kernel_only_us']:8.1f} us all in the prefill kernel; err {row['rel_err']:.1e}")
-    for spec in args.interleaved_cases.split(",") if args.interleaved_cases else []:
-        batch, ctx = (int(x) for x in spec.split("x"))
+    for batch, ctx in pairs(args.interleaved_cases):
         row = interleaved_case(HEADS[args.heads], batch, ctx)
         rows.append(row)
         tqdm.write(f"{batch}x{ctx} decode attention alone {row['attention_alone_us']:.1f} us "
                    f"({row['kv_tb_s_alone']:.2f} TB/s), among gate/up GEMMs {row['attention_among_gemms_us']:.1f} us "
                    f"({row['kv_tb_s_among_gemms']:.2f} TB/s); the GEMM {row['gemm_us']:.1f} us")
-    for spec in args.overlap_cases.split(",") if args.overlap_cases else []:
-        batch, ctx = (int(x) for x in spec.split("x"))
+    for batch, ctx in pairs(args.overlap_cases):
         row = overlap_case(HEADS[args.heads], batch, ctx)
         rows.append(row)
         tqdm.write(f"{batch}x{ctx} step per layer (GEMMs + attention): {row['step_us']:.1f} us; two halves in turn: "
