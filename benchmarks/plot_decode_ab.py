@@ -8,14 +8,12 @@ session 30 (c881387) and after it, over bf16 and fp8 pools, plus the fp8 candida
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from plot_panels import attention_bars, runs_against_target  # noqa: E402
+from plot_panels import RESULTS, attention_bars, runs_against_target, result_rows  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 PREFIX = "2026-12-07-h100-v26"
 CASES = ["256x128", "256x256", "256x384", "64x2048"]
 ATTENTION = {"bf16, before": ["old-bf16", "old-bf16-2"], "bf16, after": ["new-bf16", "new-bf16-2"],
@@ -24,7 +22,7 @@ E2E = {"bf16\nbefore": "old-bf16", "bf16\nafter": "new-bf16", "fp8\nbefore": "ol
 
 
 def load(name: str) -> list[dict]:
-    return json.loads((RESULTS / f"{PREFIX}-{name}.json").read_text())["rows"]
+    return result_rows(PREFIX, name)
 
 
 def attention_us() -> dict[str, dict[str, float]]:

@@ -8,19 +8,17 @@ over the default's, bf16 and fp8 pools.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from plot_panels import attention_bars  # noqa: E402
+from plot_panels import RESULTS, attention_bars, result_rows  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 PREFIX = "2026-12-07-h100-v28"
 
 
 def load(name: str) -> list[dict]:
-    return json.loads((RESULTS / f"{PREFIX}-{name}.json").read_text())["rows"]
+    return result_rows(PREFIX, name)
 
 
 def main() -> None:

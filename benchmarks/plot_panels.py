@@ -2,7 +2,16 @@
 end-to-end runs as points over bars against issue 4's 20,000 tok/s."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 TARGET_TOK_S = 20000
+RESULTS = Path(__file__).parent / "results"
+
+
+def result_rows(prefix: str, name: str) -> list[dict]:
+    """The rows of results/PREFIX-NAME.json, as attention.py and gpu_decode.py write them."""
+    return json.loads((RESULTS / f"{prefix}-{name}.json").read_text())["rows"]
 
 
 def attention_bars(ax, series: dict[str, dict[str, float]], cases: list[str], colors: list[str],
