@@ -72,7 +72,7 @@ def main() -> None:
             def call():
                 x, res = stream_norm()
                 F.linear(x, w["qkv"])
-                x2, res2 = add_rms_norm(F.linear(attn, w["o"]), res, nw, 1e-6)
+                x2, _ = add_rms_norm(F.linear(attn, w["o"]), res, nw, 1e-6)
                 act = silu_and_mul(F.linear(x2, w["gu"]))
                 down(act, w["down"])
             return call
