@@ -84,6 +84,26 @@ def test_engine_on_triton_kernels_matches_reference_ops(name, kv_cache_dtype, hf
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
 
 
+def test_in_place_residual_adds_on_triton_kernels(hf_models, monkeypatch):
+    """Steps whose o and down projections add into the residual stream in place (prefill-sized steps on CUDA;
+    here from 2 tokens on, so decode and mixed steps take it too) through the Triton ops, their norms reading the
+    stream alone: the reference ops' tokens, logprobs close."""
+    from ember.layers import decoder
+    from ember.ops import triton as tri
+
+    model_dir, _ = hf_models("qwen3")
+    _, ref = _generate(model_dir, plain=False)
+    monkeypatch.setattr(decoder, "ADD_IN_PLACE_MIN_ROWS", 1)
+    monkeypatch.setattr(ops, "TRITON_ON_CPU", True)
+    rows = []
+    monkeypatch.setattr(ops, "linear_add", lambda x, *a: rows.append(x.shape[0]) or tri.linear_add(x, *a))
+    _, scored = _generate(model_dir, plain=False)
+    assert rows and min(rows) >= 2 and max(rows) > len(PROMPT_LENS)  # decode steps and prompt chunks
+    assert [t for t, _ in scored] == [t for t, _ in ref]
+    for (_, a), (_, b) in zip(scored, ref):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
+
+
 def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
     """A bf16 Llama-family decoder whose down projections come back as float32 split-K partials (forced from 2
     rows on): the next layer's add + RMSNorm and the final norm sum them. Against the same engine with the Triton

@@ -66,6 +66,16 @@ def test_gpu_bf16_matches_cpu_fp32_teacher_forced(shape, tmp_path):
     bf16_against_cpu(make_demo_model(tmp_path, shape))
 
 
+def test_gpu_bf16_in_place_residual_adds_teacher_forced(tmp_path, monkeypatch):
+    """The prompt's step with o and down added into the residual stream by cuBLAS (beta = 1) and the norms reading
+    the stream alone (EMBER_ADD_IN_PLACE_MIN_ROWS, here from 2 rows), held to the bf16 bars."""
+    from ember.demo import make_demo_model
+    from ember.layers import decoder
+
+    monkeypatch.setattr(decoder, "ADD_IN_PLACE_MIN_ROWS", 1)
+    bf16_against_cpu(make_demo_model(tmp_path, "tiny"))
+
+
 @pytest.mark.parametrize("shape", ["tiny", "tiny-llama"])
 def test_gpu_fp8_kv_matches_cpu_fp32_teacher_forced(shape, tmp_path):
     """bf16 weights over an fp8 KV pool on the GPU, decode steps in graphs, against CPU float32 with float32 KV:

@@ -41,6 +41,27 @@ def test_logits_match_transformers(arch, hf_models):
     assert (ours - ref).abs().max().item() <= 1e-4
 
 
+def test_in_place_residual_adds_match_transformers(arch, hf_models, monkeypatch):
+    """A step of more than ADD_IN_PLACE_MIN_ROWS tokens (64 here), where the o and down projections add into the
+    residual stream in place (models without those biases) and each norm reads the stream alone."""
+    from ember import ops
+    from ember.layers import decoder
+
+    monkeypatch.setattr(decoder, "ADD_IN_PLACE_MIN_ROWS", 64)
+    model_dir, hf = hf_models(arch)
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)
+    ids = prompt(150, 3)
+    adds = []
+    linear_add = ops.linear_add
+    monkeypatch.setattr(ops, "linear_add", lambda x, *a: adds.append(x.shape[0]) or linear_add(x, *a))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float()
+    ours = ember_logits(llm, ids)
+    in_place = llm.engine.runner.model.model.layers[0].adds_in_place
+    assert adds == ([len(ids)] * len(llm.engine.runner.model.model.layers) if in_place else [])
+    assert (ours - ref).abs().max().item() <= 1e-4
+
+
 def test_prompt_logprobs_and_greedy_match_transformers(arch, hf_models):
     model_dir, hf = hf_models(arch)
     llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False)

@@ -53,8 +53,11 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.attend(positions, self.qkv_proj(x), meta)
 
-    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Everything after the qkv projection, for callers that fuse that projection with the norm before it."""
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata,
+               stream: torch.Tensor | None = None) -> torch.Tensor:
+        """Everything after the qkv projection, for callers that fuse that projection with the norm before it.
+        stream: the output projection is added into this residual stream in place (Linear.forward_add), which is
+        returned."""
         num_tokens = qkv.shape[0]
         meta = meta.for_group(self.kv_group)
         assert self.kv_cache is not None, "KV cache not bound: the model runner binds it before the first step"
@@ -67,4 +70,5 @@ class Attention(nn.Module):
             rotary.cos_sin(qkv.device) if rotary is not None else None, rotary.rot_dim if rotary is not None else 0,
             self.scale, self.sliding_window, self.softcap,
         )
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = out.reshape(num_tokens, self.q_size)
+        return self.o_proj(out) if stream is None else self.o_proj.forward_add(out, stream)

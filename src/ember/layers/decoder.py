@@ -4,6 +4,8 @@ Model files map their HF config onto DecoderArgs; HF parameter names are kept so
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -19,6 +21,14 @@ from ember.layers.norm import RMSNorm
 from ember.layers.rotary import RopeParams, RotaryEmbedding
 from ember.parallel import get_tp, kv_head_shard
 from ember.worker.attn_metadata import AttentionMetadata
+
+# EMBER_ADD_IN_PLACE_MIN_ROWS=N: steps of more than N tokens (prefill chunks at N = 512) add the o and down
+# projections into the residual stream in place: on CUDA cuBLAS reads the stream in the GEMM's epilogue (beta = 1),
+# and the next RMSNorm kernel reads one tensor instead of the projection and the stream and writes one instead of
+# two (~0.5 GB less traffic per norm at a 32k-token step of qwen3-8b, ~9-13 ms of a ~700 ms step if the beta = 1
+# GEMMs are as fast). Off by default: not yet timed on a GPU, and at decode rows cuBLAS's beta = 1 kernels were
+# slower than the split-K down projection (NOTES v29).
+ADD_IN_PLACE_MIN_ROWS = int(os.environ.get("EMBER_ADD_IN_PLACE_MIN_ROWS", sys.maxsize))
 
 
 @dataclass(slots=True)
@@ -95,16 +105,24 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(a.hidden_size, a.intermediate_size, a.hidden_act, a.mlp_bias)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        # o and down are added into the stream by the GEMM only where nothing comes between: no bias, no all-reduce
+        self.adds_in_place = not (a.o_bias or a.mlp_bias or get_tp().size > 1)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds the two, so
-        each residual add is fused with the norm that follows it (and may sum the MLP output's split-K partials)."""
+        each residual add is fused with the norm that follows it (and may sum the MLP output's split-K partials).
+        Steps of more than ADD_IN_PLACE_MIN_ROWS tokens instead add the o and down projections into the stream in
+        place (in the GEMM on CUDA) and return (the stream, None): the norms then read one tensor, not two."""
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = attn.qkv_proj.forward_normed(h, residual, self.input_layernorm)
-        h = attn.attend(positions, qkv, meta)
-        gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
-        return mlp.down_proj.forward_into_norm(gate_up, mlp.act), residual
+        if not (self.adds_in_place and qkv.shape[0] > ADD_IN_PLACE_MIN_ROWS):
+            h = attn.attend(positions, qkv, meta)
+            gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
+            return mlp.down_proj.forward_into_norm(gate_up, mlp.act), residual
+        stream = attn.attend(positions, qkv, meta, stream=residual)
+        gate_up, _ = mlp.gate_up_proj.forward_normed(stream, None, self.post_attention_layernorm)
+        return mlp.down_proj.forward_add(gate_up, stream, mlp.act), None
 
 
 class DecoderModel(nn.Module):
@@ -119,7 +137,7 @@ class DecoderModel(nn.Module):
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, meta)
-        return self.norm(h, residual)[0]
+        return self.norm(h) if residual is None else self.norm(h, residual)[0]
 
 
 # HF checkpoint name -> (fused parameter name, shard id)

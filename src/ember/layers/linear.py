@@ -75,6 +75,14 @@ class Linear(nn.Module):
             return self(x, act)
         return ops.gated_linear_parts(x, self.weight, act)
 
+    def forward_add(self, x: torch.Tensor, stream: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        """stream += self(x, act), in place (on CUDA the GEMM accumulates into the stream: no add of its own).
+        Unsharded projections without a bias only."""
+        assert self.bias is None and self.parallel is None, "only an unsharded projection without a bias adds in place"
+        if act is None:
+            return ops.linear_add(x, self.weight, stream)
+        return ops.gated_linear_add(x, self.weight, stream, act)
+
     def forward_normed(self, x: torch.Tensor, residual: torch.Tensor | None,
                        norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(norm(x + residual)), x + residual): a pre-norm block's residual add, its RMSNorm (layers/norm.py)

@@ -61,6 +61,8 @@ gated_delta_step_rows = _select("gated_delta_step_rows", gated_delta.step_rows)
 GATED_DELTA_CHUNKED = dict(prepare=gated_delta_chunk_prepare, scan=gated_delta_chunk_scan,
                            windows=gated_delta_conv_windows, step=gated_delta_step_rows)
 linear = _select("linear", gemm.linear)
+linear_add = _select("linear_add", gemm.linear_add)
+gated_linear_add = _select("gated_linear_add", gemm.gated_linear_add)
 gated_linear = _select("gated_linear", gemm.gated_linear)
 act_mul_linear = _select("act_mul_linear", gemm.act_mul_linear)
 gated_linear_parts = _select("gated_linear_parts", gemm.gated_linear_parts)
@@ -70,9 +72,10 @@ row_argmax = _select("row_argmax", reduce.row_argmax)
 
 __all__ = ["act_mul", "act_mul_linear", "add_rms_norm", "apply_rotary", "gated_delta_chunk_prepare",
            "gated_delta_chunk_scan", "gated_delta_conv_windows", "gated_delta_decode", "gated_delta_step_rows",
-           "gated_linear", "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear", "paged_attention",
-           "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add", "rms_norm_add_linear", "rms_norm_add_rms_norm",
-           "rms_norm_linear", "row_argmax", "triton_enabled", "write_kv"]
+           "gated_linear", "gated_linear_add", "gated_linear_parts", "gated_rms_norm", "gdn_gating", "linear",
+           "linear_add", "paged_attention", "prepare_qkv", "qkv_attention", "rms_norm", "rms_norm_add",
+           "rms_norm_add_linear", "rms_norm_add_rms_norm", "rms_norm_linear", "row_argmax", "triton_enabled",
+           "write_kv"]
 
 if SKIPPED - set(__all__):
     raise ValueError(f"EMBER_TRITON_SKIP names unknown ops {sorted(SKIPPED - set(__all__))}; "

@@ -27,6 +27,19 @@ def act_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, b
     return F.linear(act_mul(gate, up, act), weight, bias)
 
 
+def linear_add(x: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+    """stream += linear(x, W), in place: a block's output projection and the residual add after it (no bias).
+    Returns the stream. The reference rounds the projection, then the sum; a GEMM that reads the stream in its
+    epilogue (cuBLAS's beta = 1) rounds once."""
+    return stream.add_(F.linear(x, weight))
+
+
+def gated_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor,
+                     act: str = "silu") -> torch.Tensor:
+    """stream += gated_linear(gate_up, W), in place, for a fused [..., 2 * I] gate/up input (no bias)."""
+    return stream.add_(gated_linear(gate_up, weight, None, act))
+
+
 def gated_linear_parts(gate_up: torch.Tensor, weight: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """gated_linear (no bias) for a caller that only adds the result to the residual stream and normalises it
     (add_rms_norm, rms_norm_linear). A kernel may return float32 split-K partial products [S, ..., N] instead of

@@ -178,6 +178,17 @@ def act_mul_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, b
     return launch_gemv(g2.contiguous(), weight, bias, act=act, up=u2)[0].view(*gate.shape[:-1], weight.shape[0])
 
 
+def linear_add(x: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+    """cuBLAS accumulates into the stream (beta = 1): the residual add rides in the GEMM's epilogue."""
+    return stream.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+
+
+def gated_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor,
+                     act: str = "silu") -> torch.Tensor:
+    x = silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act)
+    return stream.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+
+
 def split_k_parts(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
     """[S, rows, N] float32 partial products of x [rows, K] @ weight[N, K]^T over S slices of K, by one batched
     GEMM over strided views (no copies)."""
