@@ -154,6 +154,11 @@ def _gemv_ok(x2: torch.Tensor, weight: torch.Tensor) -> bool:
             and x2.dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 
+def _gated_input(gate_up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up of a fused gate/up projection, as a separate kernel before a cuBLAS projection."""
+    return silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     if not _gemv_ok(x2, weight):
@@ -165,7 +170,7 @@ def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                  act: str = "silu") -> torch.Tensor:
     x2 = gate_up.reshape(-1, gate_up.shape[-1])
     if act not in ACT_CODES or not _gemv_ok(x2, weight):
-        return F.linear(silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act), weight, bias)
+        return F.linear(_gated_input(gate_up, act), weight, bias)
     return launch_gemv(x2.contiguous(), weight, bias, act=act)[0].view(*gate_up.shape[:-1], weight.shape[0])
 
 
@@ -185,7 +190,7 @@ def linear_add(x: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor) -> t
 
 def gated_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor,
                      act: str = "silu") -> torch.Tensor:
-    x = silu_and_mul(gate_up) if act == "silu" else gated(gate_up, act)
+    x = _gated_input(gate_up, act)
     return stream.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
 
 
