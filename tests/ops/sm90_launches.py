@@ -5,12 +5,14 @@ ptxas for the target. A launch that needs more shared memory than an SM has rais
 does on the GPU (which the interpreter tests cannot see), so the ops' own fallbacks run as they would there.
 
     python tests/ops/sm90_launches.py   # one JSON line per launch: op, kernel, constexprs, options, shared bytes
-                                        # (and "rejected": true for those refused)
+                                        # (and "rejected": true for those refused); SM90_OPS=a,b a subset,
+                                        # SM90_JOBS=N processes (default: one per core)
 """
 from __future__ import annotations
 
 import inspect
 import json
+import multiprocessing
 import os
 import sys
 
@@ -194,31 +196,43 @@ def attention_launches(cases=((torch.bfloat16, (128, 256, 512)), (torch.float32,
                                            flash=False)
 
 
-# the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences
-OPS = {"qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
-       "qwen3_5_decode_256": lambda: qwen3_5_decode(256),
+# the launches' constexprs and options depend on the model's shape, not on the number of tokens or sequences;
+# the costliest to compile first, so that parallel jobs finish together
+OPS = {"attention": attention_launches,
+       "qwen3_5_prefill": lambda: qwen3_5_prefill(4, 128),
+       # what a smaller GPU refuses (SM_ARCH=89 SM_MAX_SHARED=101376: 99 KiB per block)
+       "attention_wide": lambda: attention_launches(((torch.bfloat16, (512,)), (torch.float32, (256,)))),
+       # a bf16 model over an fp8 pool (kv_cache_dtype fp8): its dots in fp16
+       "attention_fp8": lambda: attention_launches(((torch.bfloat16, (128, 512)),), torch.float8_e4m3fn),
        # a float32 model: its dots in tf32x3, the scan's Dv slice the engine picks
        "qwen3_5_float32": lambda: (qwen3_5_prefill(2, 128, torch.float32, ("tf32x3",), (0,)),
                                    qwen3_5_decode(256, torch.float32)),
        "gemv": gemv_prologues,
-       "attention": attention_launches,
-       # a bf16 model over an fp8 pool (kv_cache_dtype fp8): its dots in fp16
-       "attention_fp8": lambda: attention_launches(((torch.bfloat16, (128, 512)),), torch.float8_e4m3fn),
-       # what a smaller GPU refuses (SM_ARCH=89 SM_MAX_SHARED=101376: 99 KiB per block)
-       "attention_wide": lambda: attention_launches(((torch.bfloat16, (512,)), (torch.float32, (256,))))}
+       "qwen3_5_decode_256": lambda: qwen3_5_decode(256)}
+
+
+def run_op(op: str) -> list[str]:
+    """One op's launches as JSON lines (an OutOfResources the op does not handle raises, with its traceback)."""
+    launches.clear()
+    rejected.clear()
+    OPS[op]()
+    return [json.dumps(dict(op=op, **r)) for r in launches] + [json.dumps(dict(op=op, rejected=True, **r))
+                                                                for r in rejected]
 
 
 def main() -> None:
     JITFunction.run = _catch
     selected = os.environ.get("SM90_OPS", ",".join(OPS)).split(",")  # a subset of the ops, by name
-    for op, call in ((op, OPS[op]) for op in selected):
-        launches.clear()
-        rejected.clear()
-        call()  # an OutOfResources the op does not handle ends the script with its traceback
-        for record in launches:
-            print(json.dumps(dict(op=op, **record)))
-        for record in rejected:
-            print(json.dumps(dict(op=op, rejected=True, **record)))
+    # compiling is ptxas-bound: ops in parallel processes (SM90_JOBS, default one per core), forked after the patch
+    jobs = min(len(selected), int(os.environ.get("SM90_JOBS", os.cpu_count() or 1)))
+    if jobs > 1:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            lines = pool.map(run_op, selected, chunksize=1)
+    else:
+        lines = [run_op(op) for op in selected]
+    for op_lines in lines:
+        for line in op_lines:
+            print(line)
     sys.stdout.flush()
 
 
