@@ -34,7 +34,7 @@ from gemv import graph_us  # noqa: E402
 
 from ember.ops.triton.activation import silu_and_mul  # noqa: E402
 from ember.ops.triton.gemm import split_k_parts  # noqa: E402
-from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts  # noqa: E402
+from ember.ops.triton.norm import add_rms_norm, add_rms_norm_parts, rms_norm  # noqa: E402
 
 HIDDEN, QKV, INTER = 4096, 6144, 12288
 
@@ -92,6 +92,16 @@ def main() -> None:
                     down(act, w["down"])
             return call
 
+        def in_place(i):  # the engine's EMBER_ADD_IN_PLACE_MIN_ROWS form: o and down add into the stream, the
+            w = ws[i % copies]  # norms read it alone
+
+            def call():
+                F.linear(rms_norm(h, nw, 1e-6), w["qkv"])
+                h.addmm_(attn, w["o"].t())
+                act = silu_and_mul(F.linear(rms_norm(h, nw, 1e-6), w["gu"]))
+                h.addmm_(act, w["down"].t())
+            return call
+
         def gemms(i):
             w = ws[i % copies]
             return lambda: [F.linear(h, w["qkv"]), F.linear(attn, w["o"]), F.linear(h, w["gu"]),
@@ -99,13 +109,14 @@ def main() -> None:
 
         row = dict(rows=m, layers=layers)
         for name, fn in (("today", today), ("deferred", deferred),
-                         ("deferred_o_only", lambda i: deferred(i, down_in_place=False)), ("gemms_alone", gemms)):
+                         ("deferred_o_only", lambda i: deferred(i, down_in_place=False)), ("in_place", in_place),
+                         ("gemms_alone", gemms)):
             h.normal_()
             row[f"{name}_us"] = graph_us([fn(i) for i in range(layers)], replays=10)
         rows_out.append(row)
         print(f"rows {m:>5}: per layer today {row['today_us']:7.1f} us, deferred {row['deferred_us']:7.1f}, "
-              f"deferred before the MLP only {row['deferred_o_only_us']:7.1f}; the four GEMMs alone "
-              f"{row['gemms_alone_us']:7.1f}", flush=True)
+              f"deferred before the MLP only {row['deferred_o_only_us']:7.1f}, in-place adds "
+              f"{row['in_place_us']:7.1f}; the four GEMMs alone {row['gemms_alone_us']:7.1f}", flush=True)
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows_out),
                                                        indent=1))

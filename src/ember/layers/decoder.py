@@ -5,7 +5,6 @@ Model files map their HF config onto DecoderArgs; HF parameter names are kept so
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -22,13 +21,13 @@ from ember.layers.rotary import RopeParams, RotaryEmbedding
 from ember.parallel import get_tp, kv_head_shard
 from ember.worker.attn_metadata import AttentionMetadata
 
-# EMBER_ADD_IN_PLACE_MIN_ROWS=N: steps of more than N tokens (prefill chunks at N = 512) add the o and down
+# EMBER_ADD_IN_PLACE_MIN_ROWS=N (default 512): steps of more than N tokens (prefill chunks) add the o and down
 # projections into the residual stream in place: on CUDA cuBLAS reads the stream in the GEMM's epilogue (beta = 1),
 # and the next RMSNorm kernel reads one tensor instead of the projection and the stream and writes one instead of
-# two (~0.5 GB less traffic per norm at a 32k-token step of qwen3-8b, ~9-13 ms of a ~700 ms step if the beta = 1
-# GEMMs are as fast). Off by default: not yet timed on a GPU, and at decode rows cuBLAS's beta = 1 kernels were
-# slower than the split-K down projection (NOTES v29).
-ADD_IN_PLACE_MIN_ROWS = int(os.environ.get("EMBER_ADD_IN_PLACE_MIN_ROWS", sys.maxsize))
+# two (~0.5 GB less traffic per norm at a 32k-token step of qwen3-8b). On an H100 that made the 32k-token step
+# 4-8 ms shorter (685-689 against 693 ms) and 8k-token prefill 1% faster (NOTES v30). Decode-sized steps keep the
+# split-K down projection summed in the norm kernel: there cuBLAS's beta = 1 kernels were slower (NOTES v29).
+ADD_IN_PLACE_MIN_ROWS = int(os.environ.get("EMBER_ADD_IN_PLACE_MIN_ROWS", 512))
 
 
 @dataclass(slots=True)
