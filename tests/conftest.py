@@ -6,7 +6,15 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# two torch threads a test process, fewer where pytest-xdist runs a worker per core (`-n auto`)
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, up to 8 (most of the suite's time is single-threaded Python: the Triton
+    interpreter); one process where there is a GPU, whose tests share the device and compile kernels."""
+    return 0 if torch.cuda.is_available() else max(1, min(8, os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config, items):
