@@ -43,6 +43,13 @@ def _generate(model_dir, warm_up: bool = False, kv_cache_dtype: str = "auto", pl
              for o in scored])
 
 
+def assert_scored_match(scored: list, ref: list) -> None:
+    """_generate's (token ids, logprobs) runs: the same tokens, logprobs within 1e-3."""
+    assert [t for t, _ in scored] == [t for t, _ in ref]
+    for (_, a), (_, b) in zip(scored, ref):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
+
+
 # qwen3: q/k norm, GQA; gemma4: sliding and full KV groups with their own block tables, softcap, KV-shared layers,
 # per-layer inputs (sandwich norms, the v norm and the per-layer gate through their Triton kernels; K = V layers:
 # tests/ops and tests/gpu); qwen3_5: Gated DeltaNet layers (state slots) between gated full-attention layers.
@@ -79,9 +86,7 @@ def test_engine_on_triton_kernels_matches_reference_ops(name, kv_cache_dtype, hf
     assert calls["decode_prefix"] > 0, "no mixed step put its decodes through the decode kernel"
     assert calls["row_argmax"] > 0, "plain greedy did not sample through the Triton argmax"
     assert plain == ref[0]
-    assert [t for t, _ in scored] == [t for t, _ in ref[1]]
-    for (_, a), (_, b) in zip(scored, ref[1]):
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
+    assert_scored_match(scored, ref[1])
 
 
 def test_in_place_residual_adds_on_triton_kernels(hf_models, monkeypatch):
@@ -99,9 +104,7 @@ def test_in_place_residual_adds_on_triton_kernels(hf_models, monkeypatch):
     monkeypatch.setattr(ops, "linear_add", lambda x, *a: rows.append(x.shape[0]) or tri.linear_add(x, *a))
     _, scored = _generate(model_dir, plain=False)
     assert rows and min(rows) >= 2 and max(rows) > len(PROMPT_LENS)  # decode steps and prompt chunks
-    assert [t for t, _ in scored] == [t for t, _ in ref]
-    for (_, a), (_, b) in zip(scored, ref):
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
+    assert_scored_match(scored, ref)
 
 
 def test_split_k_partials_through_the_decoder_on_cpu(hf_models, monkeypatch):
@@ -153,6 +156,4 @@ def test_mixed_step_graph_metadata_on_triton_kernels(name, kv_cache_dtype, hf_mo
                         lambda self, t, host=None, plan=None: steps.append(t) or mixed_meta(self, t))  # captured lists
     _, scored = _generate(model_dir, kv_cache_dtype=kv_cache_dtype, plain=False, graph_buffers=True)
     assert steps and set(steps) <= {16, 32}
-    assert [t for t, _ in scored] == [t for t, _ in ref]
-    for (_, a), (_, b) in zip(scored, ref):
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3
+    assert_scored_match(scored, ref)

@@ -190,8 +190,7 @@ def linear_add(x: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor) -> t
 
 def gated_linear_add(gate_up: torch.Tensor, weight: torch.Tensor, stream: torch.Tensor,
                      act: str = "silu") -> torch.Tensor:
-    x = _gated_input(gate_up, act)
-    return stream.addmm_(x.reshape(-1, x.shape[-1]), weight.t())
+    return linear_add(_gated_input(gate_up, act), weight, stream)
 
 
 def split_k_parts(x: torch.Tensor, weight: torch.Tensor, splits: int) -> torch.Tensor:
