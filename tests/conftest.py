@@ -11,6 +11,7 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 
 
+@pytest.hookimpl(optionalhook=True)  # runs without pytest-xdist too (`-p no:xdist`)
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: a worker per core, up to 8 (most of the suite's time is single-threaded Python: the Triton
     interpreter); one process where there is a GPU, whose tests share the device and compile kernels."""

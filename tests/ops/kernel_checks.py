@@ -3,12 +3,44 @@
 Import this before ember.ops.triton: the interpreter flag is read when its kernels are defined."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _cache_interpreter_patch_scan() -> None:
+    """The interpreter re-patches triton.language on every launch and on every call of a @triton.jit helper inside
+    a kernel, and each patch scans its module with inspect.getmembers: ~30% of an interpreted engine test. Scan
+    each module once for the names of its builtins, then patch those of them that are still builtins, as the scan
+    would (what a patch finds is unchanged; a patched member is no builtin, as before)."""
+    try:
+        from triton.language import core
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    scan = getattr(interpreter, "_patch_builtin", None)
+    if scan is None or getattr(scan, "cached", False) or not hasattr(interpreter, "_patch_attr"):
+        return  # another Triton: leave it as it is
+    names: dict[int, tuple[object, list[str]]] = {}
+
+    def patch_builtin(pkg, builder, scope):
+        if id(pkg) not in names:
+            names[id(pkg)] = (pkg, [n for n, m in inspect.getmembers(pkg) if core.is_builtin(m)])
+        for name in names[id(pkg)][1]:
+            member = getattr(pkg, name)
+            if core.is_builtin(member):
+                interpreter._patch_attr(pkg, name, member, builder, scope)
+
+    patch_builtin.cached = True
+    interpreter._patch_builtin = patch_builtin
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _cache_interpreter_patch_scan()
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # the interpreter of Triton 3.5 and 3.6 fails on the paged decode kernel (a numpy scalar conversion); compiled on
