@@ -335,14 +335,16 @@ def bench_prefill(llm, prompt_len: int, vocab: int) -> dict:
     return dict(prefill_tokens=prompt_len, prefill_s=t, prefill_tok_s=prompt_len / t)
 
 
-def prefill_flops(cfg: dict, num_params_body: int, n: int) -> float:
-    """Matmul FLOPs of the body for n tokens + causal attention + one row of logits. Hybrid configs count
-    attention for their full-attention layers only (linear-attention layers are linear in n; sliding layers
-    are left out, so their % of peak is a lower bound)."""
+def prefill_flops(cfg: dict, num_params_body: int, n: int, last_mlp_params: int = 0) -> float:
+    """Matmul FLOPs of the body for n tokens + causal attention + one row of logits, less the last layer's MLP
+    for the n - 1 rows nothing samples from (the engine skips it: out_rows in ember/layers/decoder.py). Hybrid
+    configs count attention for their full-attention layers only (linear-attention layers are linear in n; sliding
+    layers are left out, so their % of peak is a lower bound)."""
     types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
     num_full = sum(t == "full_attention" for t in types)
     attn = 2 * n * n * cfg["num_attention_heads"] * cfg["head_dim"] * num_full  # QK^T + PV, causal
-    return 2 * num_params_body * n + attn + 2 * cfg["hidden_size"] * cfg["vocab_size"]
+    skipped = 2 * last_mlp_params * (n - 1)
+    return 2 * num_params_body * n - skipped + attn + 2 * cfg["hidden_size"] * cfg["vocab_size"]
 
 
 def model_sizes(model) -> tuple[int, int, int]:
@@ -437,7 +439,8 @@ def bench_shape(shape: str, args, ceil: dict, log) -> list[dict]:
         profile_run(llm, max(batches), vocab, log)
     try:
         p = bench_prefill(llm, min(args.prefill_len, max_model_len - 1), vocab)
-        flops = prefill_flops(cfg, body_params, p["prefill_tokens"])
+        last_mlp = sum(t.numel() for t in runner.model.model.layers[-1].mlp.parameters())
+        flops = prefill_flops(cfg, body_params, p["prefill_tokens"], last_mlp)
         p.update(shape=shape, engine="ember", kind="prefill", tflops=flops / p["prefill_s"] * 1e-12)
         p["pct_matmul_peak"] = 100 * p["tflops"] / ceil["matmul_tflops"]
         rows.append(p)

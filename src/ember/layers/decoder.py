@@ -29,6 +29,12 @@ from ember.worker.attn_metadata import AttentionMetadata
 # split-K down projection summed in the norm kernel: there cuBLAS's beta = 1 kernels were slower (NOTES v29).
 ADD_IN_PLACE_MIN_ROWS = int(os.environ.get("EMBER_ADD_IN_PLACE_MIN_ROWS", 512))
 
+# out_rows (every model's forward): a step samples from a few rows of its final hidden states (each sequence's
+# last token; none in a chunk before a prompt's last), but every token's K and V must be written. So the forward
+# takes the rows the step samples from, and the last layer selects them after its attention: its MLP (~80% of a
+# qwen3-8b layer's weights) and the final norm run on those rows alone, as in llama.cpp. At a 32k-token prefill
+# step that is ~2% of the step's FLOPs. Steps with prompt logprobs need every row and pass none.
+
 
 @dataclass(slots=True)
 class DecoderArgs:
@@ -108,20 +114,26 @@ class DecoderLayer(nn.Module):
         self.adds_in_place = not (a.o_bias or a.mlp_bias or get_tp().size > 1)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+                meta: AttentionMetadata, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns (this layer's MLP output, the residual stream before it); the next norm adds the two, so
         each residual add is fused with the norm that follows it (and may sum the MLP output's split-K partials).
         Steps of more than ADD_IN_PLACE_MIN_ROWS tokens instead add the o and down projections into the stream in
-        place (in the GEMM on CUDA) and return (the stream, None): the norms then read one tensor, not two."""
+        place (in the GEMM on CUDA) and return (the stream, None): the norms then read one tensor, not two.
+        rows: the last layer of a step that samples from these rows alone: every token's K and V are written, the
+        MLP runs on these rows only (out_rows, above)."""
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = attn.qkv_proj.forward_normed(h, residual, self.input_layernorm)
-        if not (self.adds_in_place and qkv.shape[0] > ADD_IN_PLACE_MIN_ROWS):
-            h = attn.attend(positions, qkv, meta)
-            gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
-            return mlp.down_proj.forward_into_norm(gate_up, mlp.act), residual
-        stream = attn.attend(positions, qkv, meta, stream=residual)
-        gate_up, _ = mlp.gate_up_proj.forward_normed(stream, None, self.post_attention_layernorm)
-        return mlp.down_proj.forward_add(gate_up, stream, mlp.act), None
+        in_place = self.adds_in_place and qkv.shape[0] > ADD_IN_PLACE_MIN_ROWS
+        h = attn.attend(positions, qkv, meta, stream=residual if in_place else None)
+        if rows is not None:
+            if not len(rows):
+                return h[:0], None  # nothing to sample: the layer only had to write its KV
+            h, residual = h[rows], None if in_place else residual[rows]
+        if in_place:
+            gate_up, _ = mlp.gate_up_proj.forward_normed(h, None, self.post_attention_layernorm)
+            return mlp.down_proj.forward_add(gate_up, h, mlp.act), None
+        gate_up, residual = mlp.gate_up_proj.forward_normed(h, residual, self.post_attention_layernorm)
+        return mlp.down_proj.forward_into_norm(gate_up, mlp.act), residual
 
 
 class DecoderModel(nn.Module):
@@ -132,10 +144,14 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(a, self.rotary, i) for i in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
         h, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual, meta)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(positions, h, residual, meta, out_rows if i == last else None)
+        if not len(h):
+            return h
         return self.norm(h) if residual is None else self.norm(h, residual)[0]
 
 
@@ -161,8 +177,10 @@ class DecoderForCausalLM(nn.Module):
     def args_from_hf(cls, cfg: dict) -> DecoderArgs:
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The final hidden states of every token, or of out_rows alone ([len(out_rows), hidden]; out_rows, above)."""
+        return self.model(input_ids, positions, meta, out_rows)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return (self.model.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)

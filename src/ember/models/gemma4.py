@@ -216,15 +216,22 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = RMSNorm(h, eps, weight_offset=NORM)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata,
-                per_layer_input: torch.Tensor | None, next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+                per_layer_input: torch.Tensor | None, next_norm: RMSNorm,
+                rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """h: the residual stream; x: this layer's input norm of it. Returns (h, next_norm(h)), next_norm being the
         next layer's input norm or the final one. Sandwich norms: each block's output is normed and added to the
         residual stream, in one kernel with the next norm where one follows (ops.rms_norm_add_rms_norm); the
-        layer's output scale rides on its last add."""
+        layer's output scale rides on its last add. rows: the last layer of a step that samples from these rows
+        alone (out_rows in ember/layers/decoder.py)."""
         attn, mlp, eps = self.self_attn, self.mlp, self.post_attention_layernorm.eps
-        x, h = ops.rms_norm_add_rms_norm(attn.attend(positions, attn.qkv_proj(x), meta), h,
-                                         self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight,
-                                         eps, NORM)
+        out = attn.attend(positions, attn.qkv_proj(x), meta)
+        if rows is not None:
+            if not len(rows):
+                return h[:0], h[:0]  # nothing to sample: the layer only had to write its KV
+            out, h = out[rows], h[rows]
+            per_layer_input = None if per_layer_input is None else per_layer_input[rows]
+        x, h = ops.rms_norm_add_rms_norm(out, h, self.post_attention_layernorm.weight,
+                                         self.pre_feedforward_layernorm.weight, eps, NORM)
         out, out_norm = mlp.down_proj(mlp.gate_up_proj(x), act=mlp.act), self.post_feedforward_layernorm
         if self.has_ple:  # per-layer input: act(gate(h)) * this layer's slice of the token's PLE, projected back;
             # the norm + add before the gate and act * PLE after it ride in the two projections' GEMV prologues
@@ -261,13 +268,16 @@ class Gemma4Model(nn.Module):
         projected = self.per_layer_projection_norm(projected.reshape(shape))
         return (projected + self.embed_tokens_per_layer(input_ids).reshape(shape)) * 2.0**-0.5
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         per_layer = self.per_layer_inputs(input_ids, h) if self.ple_dim else None
         x = self.layers[0].input_layernorm(h)
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        last = len(self.layers) - 1
         for i, (layer, next_norm) in enumerate(zip(self.layers, norms)):
-            h, x = layer(positions, h, x, meta, per_layer[:, i] if per_layer is not None else None, next_norm)
+            h, x = layer(positions, h, x, meta, per_layer[:, i] if per_layer is not None else None, next_norm,
+                         out_rows if i == last else None)
         return x
 
 
@@ -289,8 +299,9 @@ class Gemma4ForCausalLM(nn.Module):
     def args_from_hf(cls, cfg: dict) -> Gemma4Args:
         return args_from_hf(cfg)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, meta, out_rows)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

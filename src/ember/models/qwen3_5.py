@@ -81,9 +81,15 @@ class Qwen3_5DecoderLayer(nn.Module):
     def mixer(self) -> nn.Module:
         return self.linear_attn if self.is_linear else self.self_attn
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, meta: AttentionMetadata,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """rows: the last layer of a step that samples from these rows alone (out_rows in ember/layers/decoder.py)."""
         x = self.input_layernorm(h)
         h = h + (self.linear_attn(x, meta) if self.is_linear else self.self_attn(positions, x, meta))
+        if rows is not None:
+            h = h[rows]
+            if not len(rows):
+                return h  # nothing to sample: the layer only had to write its KV or state
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -95,11 +101,13 @@ class Qwen3_5Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3_5DecoderLayer(a, self.rotary, i) for i in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=1.0)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            h = layer(positions, h, meta)
-        return self.norm(h)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = layer(positions, h, meta, out_rows if i == last else None)
+        return self.norm(h) if len(h) else h
 
 
 PACKED = {
@@ -141,8 +149,9 @@ class Qwen3_5ForCausalLM(nn.Module):
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
         )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                out_rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, meta, out_rows)
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -305,9 +305,9 @@ class CudaGraphRunner:
         return self.model.compute_logits(hidden, None if self.logits is None else self.logits[:b])
 
     def _forward_mixed(self, t: int, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:t], self.positions[:t], meta)
-        s = self.mixed_seqs[t]
-        return self.model.compute_logits(hidden[self.sample_rows[:s]], None if self.logits is None else self.logits[:s])
+        s = self.mixed_seqs[t]  # the last layer's MLP runs on the sampled rows alone (out_rows in layers/decoder.py)
+        hidden = self.model(self.input_ids[:t], self.positions[:t], meta, self.sample_rows[:s])
+        return self.model.compute_logits(hidden, None if self.logits is None else self.logits[:s])
 
     @torch.inference_mode()
     def capture(self) -> None:

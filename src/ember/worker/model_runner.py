@@ -478,12 +478,19 @@ class ModelRunner:
     @torch.inference_mode()
     def _launch_eager(self, out: SchedulerOutput) -> StepHandle:
         inputs = self._prepare(out)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        # the hidden states of the sampled rows alone where no prompt logprobs need the others (out_rows in
+        # ember/layers/decoder.py): the last layer's MLP skips the rest
+        rows = inputs.sample_idx
+        if len(rows) == len(inputs.input_ids) or any(s.params.prompt_logprobs is not None for s in out.seqs):
+            rows = None
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, rows)
         if inputs.meta.is_decode_only:  # prefill chunks took their snapshots inside the layers
             self._copy_decode_snapshots(out.seqs)
         handle = StepHandle(inputs.sample_seqs)
-        self._prompt_logprobs(out, hidden, inputs, handle.prompt_logprobs)
-        logits = self.model.compute_logits(hidden[inputs.sample_idx]) if inputs.sample_seqs else None
+        if rows is None:
+            self._prompt_logprobs(out, hidden, inputs, handle.prompt_logprobs)
+            hidden = hidden[inputs.sample_idx]
+        logits = self.model.compute_logits(hidden) if inputs.sample_seqs else None
         return self._sample(logits, inputs.sample_seqs, handle)
 
     def _copy_decode_snapshots(self, seqs: list[ScheduledSeq]) -> None:
