@@ -25,6 +25,7 @@ def step(llm: LLM, ids: list[int], rows: list[int] | None) -> tuple[torch.Tensor
     groups = [blocks for _ in runner.kv_groups[1:]] or None
     seq = ScheduledSeq("x", ids, 0, blocks, False, SamplingParams(), 0, ids, [], [], state, groups)
     inputs = runner._prepare(SchedulerOutput([seq], len(ids), []))
+    inputs.meta.sample_seqs = None  # rows other than a sampled sequence's last: no KV-shared layer runs them alone
     for t in caches(runner):  # nothing left from a run before
         t.zero_()
     out_rows = None if rows is None else torch.tensor(rows, dtype=torch.int64)
@@ -91,3 +92,42 @@ def test_engine_prefill_runs_the_last_mlp_on_sampled_rows_alone(hf_models):
     rows.clear()
     llm.generate([[8] * 20], SamplingParams(max_tokens=1, prompt_logprobs=1))
     assert rows == [20]
+
+
+def test_kv_shared_layers_run_on_sampled_rows_alone(hybrid_models):
+    """Gemma 4's trailing KV-shared layers write no KV: in an eager step they run on the sampled rows alone, as a
+    decode step's queries over the KV the layers before wrote (chunked prompts, sliding and global donors, a
+    decode among prompt chunks). The same tokens and logprobs as with every row through them."""
+    model_dir, _ = hybrid_models("gemma4")
+    prompts = [torch.randint(3, 500, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (45, 9, 70)]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=3)
+
+    def run(skip: bool):
+        llm = LLM(str(model_dir), dtype="float32", device="cpu", progress=False, max_num_batched_tokens=32)
+        model = llm.engine.runner.model.model
+        assert model.shared_from == 4
+        if not skip:
+            model.shared_from = None
+        rows, expected = [], []
+
+        def step_rows(_, args):  # (input_ids, positions, meta, out_rows)
+            ids, _, meta, out_rows = args
+            sampled = len(ids) if out_rows is None else len(out_rows)
+            # layers 4 and 5: both on the sampled rows (none if nothing is sampled), else the last alone
+            layer_rows = [sampled] * 2 if skip and out_rows is not None else [len(ids), sampled]
+            expected.extend(n for n in layer_rows if n)
+
+        model.register_forward_pre_hook(step_rows)
+        for layer in model.layers[4:]:
+            layer.mlp.gate_up_proj.register_forward_pre_hook(lambda _, args: rows.append(args[0].shape[0]))
+        outs = [o.outputs[0] for o in llm.generate(prompts, params)]
+        assert rows == expected
+        return outs, rows
+
+    (ours, rows), (ref, ref_rows) = run(True), run(False)
+    assert sum(rows) < sum(ref_rows) / 4  # most rows of the steps are prompt tokens nothing samples from
+    for a, b in zip(ours, ref):
+        assert a.token_ids == b.token_ids
+        for la, lb in zip(a.logprobs, b.logprobs):
+            assert la.keys() == lb.keys()
+            assert max(abs(la[t].logprob - lb[t].logprob) for t in la) < 1e-5

@@ -254,6 +254,10 @@ class Gemma4Model(nn.Module):
         self.embed_tokens = ScaledEmbedding(a.vocab_size, a.hidden_size, a.hidden_size**0.5)
         self.layers = nn.ModuleList(Gemma4DecoderLayer(a, la, rotaries[la.layer_type]) for la in a.layers)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, weight_offset=NORM)
+        # the first of the trailing KV-shared layers: from it on no layer writes KV, so a step that samples from a
+        # few rows runs those layers on them alone (forward)
+        shared = [la.donor is not None for la in a.layers]
+        self.shared_from = len(shared) - shared[::-1].index(False) if shared[-1] else None
         self.ple_dim = a.hidden_size_per_layer_input
         if self.ple_dim:
             total = a.num_hidden_layers * self.ple_dim
@@ -276,6 +280,15 @@ class Gemma4Model(nn.Module):
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         last = len(self.layers) - 1
         for i, (layer, next_norm) in enumerate(zip(self.layers, norms)):
+            if i == self.shared_from and out_rows is not None and meta.sample_seqs is not None:
+                # the KV-shared layers write no KV: only the sampled rows (each sequence's last token) go on, as
+                # the queries of a decode step over the KV the layers before wrote: a prompt's tokens skip these
+                # layers' work, all but its last (all of them in a chunk before its last).
+                if not len(out_rows):
+                    return x[:0]
+                h, x, positions = h[out_rows], x[out_rows], positions[out_rows]
+                per_layer = None if per_layer is None else per_layer[out_rows]
+                meta, out_rows = meta.decode_view(out_rows), None
             h, x = layer(positions, h, x, meta, per_layer[:, i] if per_layer is not None else None, next_norm,
                          out_rows if i == last else None)
         return x

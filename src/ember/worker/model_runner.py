@@ -425,6 +425,7 @@ class ModelRunner:
             block_tables=t(tables, torch.int32), max_query_len=max(lens),
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
             state=_to_device(StateMetadata.build(seqs, torch.device("cpu")), dev),  # no sync: a step may run
+            sample_seqs=[i for i, seq in enumerate(seqs) if seq.do_sample],
         )
         if len(self.kv_groups) > 1:
             meta.groups = [meta] + [self._group_meta(meta, out, g, t, max_blocks, token_seq, positions)
