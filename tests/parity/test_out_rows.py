@@ -1,7 +1,8 @@
 """out_rows (ember/layers/decoder.py): a step that samples from a few rows runs its last layer's MLP and the final
 norm on those rows alone. Every architecture: the selected rows' logits equal the same rows of the full forward,
 every token's K and V (and recurrent state) are still written, a step with no rows to sample writes them too, and
-the engine's prefill steps take the path (its output is held to transformers by the other parity tests)."""
+the engine's prefill steps take the path (its output is held to transformers by the other parity tests). Gemma 4's
+trailing KV-shared layers run on the sampled rows alone, as a decode step's queries, in the engine's eager steps."""
 from __future__ import annotations
 
 import pytest
