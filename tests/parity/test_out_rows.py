@@ -26,7 +26,7 @@ def step(llm: LLM, ids: list[int], rows: list[int] | None) -> tuple[torch.Tensor
     groups = [blocks for _ in runner.kv_groups[1:]] or None
     seq = ScheduledSeq("x", ids, 0, blocks, False, SamplingParams(), 0, ids, [], [], state, groups)
     inputs = runner._prepare(SchedulerOutput([seq], len(ids), []))
-    inputs.meta.sample_seqs = None  # rows other than a sampled sequence's last: no KV-shared layer runs them alone
+    inputs.meta.sample_seq_idx = None  # rows other than a sampled sequence's last: no KV-shared layer runs them alone
     for t in caches(runner):  # nothing left from a run before
         t.zero_()
     out_rows = None if rows is None else torch.tensor(rows, dtype=torch.int64)

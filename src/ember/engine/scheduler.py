@@ -41,6 +41,12 @@ class ScheduledSeq:
     state: StateStep | None = None  # recurrent-state slots (hybrid models only)
     group_block_ids: list[list[int]] | None = None  # block tables of KV groups after the first (sliding windows)
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """This chunk holds prompt positions whose next token's logprobs were asked for: the step needs every row's
+        hidden state and reads them to the host."""
+        return self.params.prompt_logprobs is not None and self.start_pos < len(self.prompt_token_ids) - 1
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
@@ -60,7 +66,7 @@ def _has_penalties(params: SamplingParams) -> bool:
 def _needs_serial_step(seq: ScheduledSeq) -> bool:
     """Penalties read the request's earlier tokens on the host; prompt logprobs are read to the host in the step."""
     p = seq.params
-    return _has_penalties(p) or (p.prompt_logprobs is not None and seq.start_pos < len(seq.prompt_token_ids) - 1)
+    return _has_penalties(p) or seq.wants_prompt_logprobs
 
 
 class Scheduler:

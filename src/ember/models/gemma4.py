@@ -280,7 +280,7 @@ class Gemma4Model(nn.Module):
         norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         last = len(self.layers) - 1
         for i, (layer, next_norm) in enumerate(zip(self.layers, norms)):
-            if i == self.shared_from and out_rows is not None and meta.sample_seqs is not None:
+            if i == self.shared_from and out_rows is not None and meta.sample_seq_idx is not None:
                 # the KV-shared layers write no KV: only the sampled rows (each sequence's last token) go on, as
                 # the queries of a decode step over the KV the layers before wrote: a prompt's tokens skip these
                 # layers' work, all but its last (all of them in a chunk before its last).

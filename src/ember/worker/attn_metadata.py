@@ -39,21 +39,21 @@ class AttentionMetadata:
     # a captured mixed step (worker/cuda_graph.py): the host lists give only the shape of its sequence slots; the
     # kernels find each program's work from the device tensors, and nothing is routed by the host lists
     captured: bool = False
-    # eager steps: the sequences the step samples from, in the order of their rows in the model's out_rows
-    sample_seqs: list[int] | None = None
+    # eager steps: the indices of the sequences the step samples from, in the order of their rows in out_rows
+    sample_seq_idx: list[int] | None = None
 
     def for_group(self, group: int) -> AttentionMetadata:
         return self if group == 0 else self.groups[group]
 
     def decode_view(self, rows: torch.Tensor) -> AttentionMetadata:
-        """The last token of each of sample_seqs (rows: their rows in this step) as the one query of a decode step
-        over the same KV: for layers that write no KV (Gemma 4's KV-shared layers), of which only the sampled rows'
-        outputs are wanted."""
-        seqs = self.sample_seqs
-        assert seqs is not None and len(seqs) == len(rows), "rows must be the last rows of sample_seqs"
+        """The last token of each of sample_seq_idx's sequences (rows: their rows in this step) as the one query of
+        a decode step over the same KV: for layers that write no KV (Gemma 4's KV-shared layers), of which only the
+        sampled rows' outputs are wanted."""
+        seqs = self.sample_seq_idx
+        assert seqs is not None and len(seqs) == len(rows), "rows must be the last rows of sample_seq_idx"
         lens = [self.seq_lens_cpu[i] for i in seqs]
         idx = torch.tensor(seqs, dtype=torch.int64).to(self.seq_lens.device, non_blocking=True)
-        qsl = torch.arange(len(seqs) + 1, dtype=torch.int32).to(self.seq_lens.device, non_blocking=True)
+        qsl = torch.arange(len(seqs) + 1, dtype=torch.int32, device=self.seq_lens.device)
 
         def view(m: AttentionMetadata) -> AttentionMetadata:
             return AttentionMetadata(m.slot_mapping[rows], qsl, m.seq_lens[idx], m.block_tables[idx], 1, max(lens),

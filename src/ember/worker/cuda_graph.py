@@ -343,7 +343,7 @@ class CudaGraphRunner:
         for s in seqs:
             if len(s.token_ids) != 1 or not s.do_sample or len(s.block_ids) > self.max_blocks:
                 return False
-            if s.params.prompt_logprobs is not None and s.start_pos < len(s.prompt_token_ids) - 1:
+            if s.wants_prompt_logprobs:
                 return False
             if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
                 return False
@@ -365,7 +365,7 @@ class CudaGraphRunner:
         for s in seqs:
             if len(s.block_ids) > self.max_blocks:
                 return None
-            if s.params.prompt_logprobs is not None and s.start_pos < len(s.prompt_token_ids) - 1:
+            if s.wants_prompt_logprobs:
                 return None
             if self.num_kv_groups > 1 and any(len(ids) > self.max_blocks for ids in s.group_block_ids):
                 return None

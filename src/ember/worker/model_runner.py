@@ -406,8 +406,8 @@ class ModelRunner:
         start_pos = [seq.start_pos for seq in seqs]
         starts = [0, *itertools.accumulate(lens)]
         seq_lens = [s + n for s, n in zip(start_pos, lens)]
-        sample_idx = [end - 1 for seq, end in zip(seqs, starts[1:]) if seq.do_sample]
-        sample_seqs = [seq for seq in seqs if seq.do_sample]
+        sampled = [i for i, seq in enumerate(seqs) if seq.do_sample]
+        sample_idx = [starts[i + 1] - 1 for i in sampled]
         max_blocks = max(-(-s // bs) for s in seq_lens)
         tables = padded_tables([seq.block_ids for seq in seqs], max_blocks)
         token_seq, positions = step_positions(start_pos, lens)
@@ -425,12 +425,12 @@ class ModelRunner:
             block_tables=t(tables, torch.int32), max_query_len=max(lens),
             max_seq_len=max(seq_lens), query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
             state=_to_device(StateMetadata.build(seqs, torch.device("cpu")), dev),  # no sync: a step may run
-            sample_seqs=[i for i, seq in enumerate(seqs) if seq.do_sample],
+            sample_seq_idx=sampled,
         )
         if len(self.kv_groups) > 1:
             meta.groups = [meta] + [self._group_meta(meta, out, g, t, max_blocks, token_seq, positions)
                                     for g in range(1, len(self.kv_groups))]
-        return StepInputs(ids, t(positions, torch.int64), meta, t(sample_idx, torch.int64), sample_seqs)
+        return StepInputs(ids, t(positions, torch.int64), meta, t(sample_idx, torch.int64), [seqs[i] for i in sampled])
 
     def _group_meta(self, meta: AttentionMetadata, out: SchedulerOutput, group: int, t, width: int,
                     token_seq: np.ndarray, positions: np.ndarray) -> AttentionMetadata:
@@ -482,7 +482,7 @@ class ModelRunner:
         # the hidden states of the sampled rows alone where no prompt logprobs need the others (out_rows in
         # ember/layers/decoder.py): the last layer's MLP skips the rest
         rows = inputs.sample_idx
-        if len(rows) == len(inputs.input_ids) or any(s.params.prompt_logprobs is not None for s in out.seqs):
+        if len(rows) == len(inputs.input_ids) or any(s.wants_prompt_logprobs for s in out.seqs):
             rows = None
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, rows)
         if inputs.meta.is_decode_only:  # prefill chunks took their snapshots inside the layers
